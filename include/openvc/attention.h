@@ -1,0 +1,76 @@
+// Public GPU API of openvc: plain parameter structs over caller-owned device memory, one function per
+// step, each enqueued on the caller's stream with no host synchronization and no allocation, so a
+// sequence of calls can be captured in a CUDA graph. Numerics: docs/numerics.md.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "openvc/status.h"
+
+namespace openvc {
+
+enum class DType { kFloat16, kBFloat16 };
+
+inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile
+inline constexpr int kHeadDim = 128;         // head dim of the sm_90a fast path
+inline constexpr int kNaturalOrder = -1;     // mid_window_blocks value for natural key order
+
+// Keys inside each 16-key group of the packed V are stored in this order: packed column kappa holds
+// key kPackedKeyOrder[kappa]. It puts the QK^T accumulator fragment straight into the PV A-operand
+// register order (docs/architecture.md), so the kernel needs no register shuffles.
+inline constexpr int kPackedKeyOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+
+// A [B, S, H, D] device tensor; strides in elements, the head dim is contiguous.
+struct TokenTensorView {
+  const void* data = nullptr;
+  int64_t stride_batch = 0, stride_seq = 0, stride_head = 0;
+};
+
+// Section 1 layout of prepared FP8 inputs (all device pointers, caller-owned, contiguous).
+struct Fp8Inputs {
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
+  const uint8_t* q_codes = nullptr;   // [B, Sq, H, D] E4M3
+  const float* q_descale = nullptr;   // [B, H, ceil(Sq/128)]
+  const uint8_t* k_codes = nullptr;   // [B, Sk, H, D] E4M3
+  const float* k_descale = nullptr;   // [B, H, ceil(Sk/128)]
+  const uint8_t* v_packed = nullptr;  // [B, H, D, packed_seqlen_k(Sk)] E4M3, keys per kPackedKeyOrder
+  const float* v_descale = nullptr;   // [B, H]
+};
+inline int64_t packed_seqlen_k(int64_t sk) { return (sk + kQuantBlock - 1) / kQuantBlock * kQuantBlock; }
+inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQuantBlock; }
+
+// ---- Preparation: BF16/FP16 [B,S,H,D] -> Fp8Inputs ----------------------------------------------
+struct PrepareParams {
+  DType dtype = DType::kBFloat16;     // of q, k and v alike
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
+  TokenTensorView q, k, v;
+  // Outputs (sizes as in Fp8Inputs).
+  uint8_t* q_codes = nullptr;
+  float* q_descale = nullptr;
+  uint8_t* k_codes = nullptr;
+  float* k_descale = nullptr;
+  uint8_t* v_packed = nullptr;
+  float* v_descale = nullptr;
+  void* workspace = nullptr;          // prepare_workspace_bytes() bytes, 16-byte aligned
+  size_t workspace_bytes = 0;
+};
+size_t prepare_workspace_bytes(int batch, int heads);
+Status prepare_fp8(const PrepareParams& params, cudaStream_t stream);
+
+// ---- Attention on prepared inputs -----------------------------------------------------------------
+struct AttentionParams {
+  Fp8Inputs in;
+  void* out = nullptr;                 // BF16 [B, Sq, H, D]
+  int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;  // elements
+  float* lse = nullptr;                // optional FP32 [B, H, Sq], natural log
+  float softmax_scale = 0.0f;          // <= 0: 1/sqrt(D)
+  int mid_window_blocks = 4;           // kNaturalOrder for natural order
+};
+Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
+
+// True when the current device can run the sm_90a kernels (compute capability 9.0).
+bool device_supports_sm90a(int device);
+
+}  // namespace openvc

@@ -1,0 +1,136 @@
+// CPU reference of the openvc numerics contract (docs/numerics.md). Plain C++, host memory only.
+// It is the oracle of every GPU test, so it favours clarity over speed.
+//
+// Token tensors are host arrays of float holding FP16/BF16 values exactly (both convert to FP32
+// without rounding), laid out [total_tokens, H, D] with sequences packed back to back; a batch
+// [B, S, H, D] is the packed case with cu_seqlens = {0, S, 2S, ..., B*S}. Every quantization group
+// lies inside one sequence.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "openvc/status.h"
+
+namespace openvc::reference {
+
+inline constexpr int kQuantBlock = 128;   // tokens per Q/K scale group
+inline constexpr float kE4M3Max = 448.0f;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kCodeBias = 119.65f;     // 8*8 + 56 + beta, beta = -0.35
+inline constexpr float kHalfCodeOffset = 1024.0f;  // f16 spacing is 1 in [1024, 2048)
+inline constexpr uint8_t kMaxCode = 120;        // 0x78 = 256.0 = 2^8 * exp(0)
+
+// ---- E4M3 (FN variant: no infinities, 0x7F/0xFF are NaN, max finite 448) -------------------------
+uint8_t e4m3_encode(float x);  // round to nearest even, saturate to +-448, NaN -> 0x7F
+float e4m3_decode(uint8_t code);  // subnormals decode as mantissa * 2^-9
+
+// ---- Sequences ----------------------------------------------------------------------------------
+struct Sequences {
+  std::vector<int> cu_seqlens;  // nseq + 1 offsets into the token dimension, cu_seqlens[0] == 0
+  int num_heads = 0;
+  int head_dim = 0;
+  int count() const { return static_cast<int>(cu_seqlens.size()) - 1; }
+  int length(int s) const { return cu_seqlens[s + 1] - cu_seqlens[s]; }
+  int total_tokens() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
+  int max_length() const;
+  int max_blocks() const { return (max_length() + kQuantBlock - 1) / kQuantBlock; }
+  static Sequences Batched(int batch, int seqlen, int num_heads, int head_dim);
+  Status validate(const char* name) const;  // offsets non-decreasing, heads and head_dim > 0
+};
+
+// ---- Section 1: quantization --------------------------------------------------------------------
+// Q or K: one group per (sequence, head, 128-token block). descale[(s * H + h) * max_blocks + blk],
+// 0 for all-zero groups and for blocks past a shorter sequence's end.
+struct BlockQuantized {
+  std::vector<uint8_t> codes;   // [total_tokens, H, D]
+  std::vector<float> descale;   // [nseq, H, max_blocks]
+  int max_blocks = 0;
+};
+// V: one group per (sequence, head) over all its tokens.
+struct HeadQuantized {
+  std::vector<uint8_t> codes;     // [total_tokens, H, D]
+  std::vector<float> descale;     // [nseq, H] = amax / 448
+  std::vector<float> scale_inv;   // [nseq, H] = 448 / amax, 0 for an all-zero group
+};
+Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out);
+Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out);
+
+// ---- Section 3: ExpCast codes -------------------------------------------------------------------
+// Multiplier of one (query block, key block) pair, in the kernel's operation order:
+//   a = ((8 * log2e) * softmax_scale) * descale_q) * descale_k      (FP32 products, left to right)
+float expcast_multiplier(float softmax_scale, float descale_q, float descale_k);
+// The byte the kernel writes for accumulator `acc` with multiplier `a` while the row's running max
+// in code units (max over visited keys of fl(acc * a)) is `row_max`:
+//   x = fmaf(acc, a, (119.65f + 1024.0f) - row_max);  code = clamp(rne(x) - 1024, 0, 120)
+// A NaN or -inf x gives code 0 (the kernel's half max against 1024 does the same).
+uint8_t expcast_code(float acc, float a, float row_max);
+
+// ---- Section 5: traversal -----------------------------------------------------------------------
+inline constexpr int kNaturalOrder = -1;  // mid_window_blocks value meaning "visit 0..n-1"
+// Key blocks in visiting order for a query tile whose diagonal block is `diag` among `n` blocks.
+std::vector<int> key_block_order(int diag, int n, int mid_window_blocks);
+// diag = floor(r0 * Sk / Sq / key_tile) in 64-bit integer arithmetic.
+int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile);
+
+// ---- Sections 2-6: attention ----------------------------------------------------------------------
+struct AttentionOptions {
+  float softmax_scale = 0.0f;   // <= 0 means 1/sqrt(D)
+  int query_tile = 128;         // rows sharing one traversal order (the kernel's CTA query tile)
+  int key_tile = 128;           // must equal kQuantBlock in this version
+  int mid_window_blocks = 4;    // kNaturalOrder for natural order
+  bool causal = false;          // key j > query i (aligned to the end when Sq != Sk) is masked
+};
+
+// Repair rows of section 6, per (sequence, head): the selected token indices (largest residual
+// energy first, ties by lower index) and their E4M3 residual codes with the V scale.
+struct VRepair {
+  int tokens_per_head = 0;          // per sequence: round(budget * length); stored per (seq, head)
+  std::vector<int> count;           // [nseq, H] rows selected (<= tokens_per_head of that sequence)
+  std::vector<int> offset;          // [nseq, H] start of this group's rows in tokens/codes
+  std::vector<int> tokens;          // concatenated token indices (relative to the sequence start)
+  std::vector<uint8_t> codes;       // concatenated [rows, D] residual codes
+};
+// budget in [0, 1): anything else (negative, >= 1, NaN, inf) is an InvalidArgument naming `budget`.
+Status select_v_repair(const float* v, const Sequences& seqs, const HeadQuantized& vq, double budget,
+                       VRepair* out);
+
+struct PreparedInputs {
+  Sequences q_seqs, k_seqs;     // same count and head configuration
+  BlockQuantized q, k;
+  HeadQuantized v;
+  const VRepair* repair = nullptr;   // optional, visited after every original block
+};
+
+struct AttentionResult {
+  std::vector<float> out;   // [total_q, H, D], FP32 before the final BF16 rounding
+  std::vector<float> lse;   // [nseq, H, max_q_len] natural log (only rows < that sequence's length)
+  // Statistics that tests use to check traversal and rescale behaviour.
+  int64_t rescales = 0;     // number of (row, tile) pairs where the running max grew after the first
+};
+
+Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                      const Sequences& k_seqs, PreparedInputs* out);
+Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, AttentionResult* res);
+
+// Exact softmax attention in FP64 on the original (unquantized) inputs, output [total_q, H, D].
+Status attention_exact(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                       const Sequences& k_seqs, float softmax_scale, bool causal,
+                       std::vector<double>* out, std::vector<double>* lse = nullptr);
+
+// ---- Section 7: VC-Attention baseline (V-Smooth + ExpCast, natural order) -----------------------
+inline constexpr int kVcClusters = 64;
+inline constexpr int kVcIterations = 4;
+// permutation[(s * H + h) * max_len + i] = original token index of position i of that group.
+Status vc_grouping(const float* v, const Sequences& seqs, std::vector<int>* permutation);
+Status attention_vc(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                    const Sequences& k_seqs, const std::vector<int>& permutation,
+                    const AttentionOptions& opt, AttentionResult* res);
+
+// ---- Section 8: error metrics ---------------------------------------------------------------------
+struct ErrorMetrics {
+  double rel_l2 = 0, max_abs = 0, rmse = 0, cosine = 0;
+};
+ErrorMetrics compare(const float* out, const double* ref, int64_t n);
+float round_to_bf16(float x);   // round to nearest even, NaN preserved
+
+}  // namespace openvc::reference
