@@ -1,0 +1,135 @@
+// Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
+// inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
+// anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "openvc/attention.h"
+
+#define CHECK_CUDA(x)                                                                  \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+#define CHECK_OK(x)                                                                    \
+  do {                                                                                 \
+    openvc::Status s_ = (x);                                                           \
+    if (!s_.ok()) {                                                                    \
+      std::fprintf(stderr, "%s: %s\n", #x, s_.message().c_str());                     \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    // Sum of four uniform hashes: close enough to normal for timing, never zero-filled.
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    float acc = 0.0f;
+    for (int r = 0; r < 4; ++r) {
+      h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+      acc += float(h) * 2.3283064e-10f;
+    }
+    x[i] = __float2bfloat16((acc - 2.0f) * 1.7320508f);
+  }
+}
+
+template <class F>
+float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < reps; ++r) enqueue();
+  CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+  CHECK_CUDA(cudaGraphLaunch(ge, s));  // warm-up
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < rounds; ++r) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    CHECK_CUDA(cudaGraphLaunch(ge, s));
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / reps);
+  }
+  std::sort(t.begin(), t.end());
+  CHECK_CUDA(cudaGraphExecDestroy(ge));
+  CHECK_CUDA(cudaGraphDestroy(g));
+  return t[t.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const int S = argc > 1 ? std::atoi(argv[1]) : 73397;
+  const int H = argc > 2 ? std::atoi(argv[2]) : 7;
+  const int B = argc > 3 ? std::atoi(argv[3]) : 1;
+  const int rounds = argc > 4 ? std::atoi(argv[4]) : 7;
+  const int window = argc > 5 ? std::atoi(argv[5]) : 4;
+  const int D = openvc::kHeadDim;
+  const size_t n = size_t(B) * S * H * D;
+  const int64_t sp = openvc::packed_seqlen_k(S), nb = openvc::num_quant_blocks(S);
+  __nv_bfloat16 *q, *k, *v, *out;
+  uint8_t *qc, *kc, *vp;
+  float *qs, *ks, *vs;
+  void* ws;
+  CHECK_CUDA(cudaMalloc(&q, n * 2));
+  CHECK_CUDA(cudaMalloc(&k, n * 2));
+  CHECK_CUDA(cudaMalloc(&v, n * 2));
+  CHECK_CUDA(cudaMalloc(&out, n * 2));
+  CHECK_CUDA(cudaMalloc(&qc, n));
+  CHECK_CUDA(cudaMalloc(&kc, n));
+  CHECK_CUDA(cudaMalloc(&vp, size_t(B) * H * D * sp));
+  CHECK_CUDA(cudaMalloc(&qs, size_t(B) * H * nb * 4));
+  CHECK_CUDA(cudaMalloc(&ks, size_t(B) * H * nb * 4));
+  CHECK_CUDA(cudaMalloc(&vs, size_t(B) * H * 4));
+  const size_t wsb = openvc::prepare_workspace_bytes(B, H);
+  CHECK_CUDA(cudaMalloc(&ws, wsb));
+  fill_normal_bf16<<<1024, 256>>>(q, n, 1);
+  fill_normal_bf16<<<1024, 256>>>(k, n, 2);
+  fill_normal_bf16<<<1024, 256>>>(v, n, 3);
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  openvc::PrepareParams pp;
+  pp.dtype = openvc::DType::kBFloat16;
+  pp.batch = B, pp.seqlen_q = S, pp.seqlen_k = S, pp.heads = H, pp.head_dim = D;
+  const openvc::TokenTensorView view{nullptr, int64_t(S) * H * D, int64_t(H) * D, D};
+  pp.q = view, pp.k = view, pp.v = view;
+  pp.q.data = q, pp.k.data = k, pp.v.data = v;
+  pp.q_codes = qc, pp.q_descale = qs, pp.k_codes = kc, pp.k_descale = ks, pp.v_packed = vp, pp.v_descale = vs;
+  pp.workspace = ws, pp.workspace_bytes = wsb;
+  openvc::AttentionParams ap;
+  ap.in = {B, S, S, H, D, qc, qs, kc, ks, vp, vs};
+  ap.out = out;
+  ap.out_stride_batch = int64_t(S) * H * D, ap.out_stride_seq = int64_t(H) * D, ap.out_stride_head = D;
+  ap.mid_window_blocks = window;
+
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_OK(openvc::prepare_fp8(pp, s));
+  CHECK_OK(openvc::attention_fp8(ap, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  const int reps = std::max(1, int(2e13 / (4.0 * S * S * H * D * B)));  // ~20 ms of work per replay
+  const float t_prep = graph_median_ms([&] { CHECK_OK(openvc::prepare_fp8(pp, s)); }, s, rounds, reps);
+  const float t_attn = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
+  const float t_full = graph_median_ms([&] {
+    CHECK_OK(openvc::prepare_fp8(pp, s));
+    CHECK_OK(openvc::attention_fp8(ap, s));
+  }, s, rounds, reps);
+  const double flop = 4.0 * B * H * double(S) * S * D;
+  std::printf("S=%d H=%d B=%d w=%d: attention %.3f ms %.1f TFLOP/s | prepare %.3f ms | complete %.3f ms "
+              "(+%.2f%% over attention)\n",
+              S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, t_full, 100.0 * (t_full / t_attn - 1.0));
+  return 0;
+}

@@ -1,0 +1,96 @@
+// Thin helpers over CuTe's sm_90a wgmma atoms, mbarriers and TMA copies, so the kernel reads as
+// "issue QK^T", "issue PV" with plain register arrays.
+#pragma once
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "attention/sm90/config.h"
+
+namespace openvc::sm90 {
+
+namespace gmma = cute::SM90::GMMA;
+using QkMma = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;   // S = Q K^T, both K-major from smem
+using PvMma = gmma::MMA_64x136x32_F32E4M3E4M3_RS_TN<>;   // [O | l] += P [V | 1], P from registers
+static_assert(KernelConfig::kPvN == 136 && KernelConfig::kBlockN == 128 && KernelConfig::kHeadDim == 128);
+
+// Descriptor of a K-major operand tile written by TMA with 128-byte swizzle: rows of 128 bytes,
+// 8-row atoms 1024 bytes apart (the leading offset is unused for swizzled K-major layouts).
+__device__ __forceinline__ uint64_t sw128_kmajor_desc(const void* smem_tile) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>(cute::cast_smem_ptr_to_uint(smem_tile) >> 4);
+  d.bitfield.leading_byte_offset_ = 1;
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = static_cast<uint8_t>(gmma::LayoutType::B128);
+  return d.desc_;
+}
+// Step k of 32 FP8 elements along K inside the swizzled row: the start address moves by 32 bytes
+// (the hardware applies the swizzle to absolute addresses, so tiles are 1024-byte aligned).
+__device__ __forceinline__ uint64_t desc_k_step(uint64_t desc, int k) { return desc + ((32 * k) >> 4); }
+
+template <size_t... I>
+__device__ __forceinline__ void qk_mma_impl(uint64_t da, uint64_t db, float (&d)[64], gmma::ScaleOut acc,
+                                            std::index_sequence<I...>) {
+  QkMma::fma(da, db, d[I]..., acc);
+}
+template <size_t... I>
+__device__ __forceinline__ void pv_mma_impl(const uint32_t* a, uint64_t db, float (&d)[68], gmma::ScaleOut acc,
+                                            std::index_sequence<I...>) {
+  PvMma::fma(a[0], a[1], a[2], a[3], db, d[I]..., acc);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+
+// S(64x128) = Q(64x128) K^T: four k32 steps over the head dim, one commit group.
+__device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float (&s)[64]) {
+  fence_regs(s);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int k = 0; k < KernelConfig::kHeadDim / 32; ++k)
+    qk_mma_impl(desc_k_step(desc_q, k), desc_k_step(desc_k, k), s,
+                k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One, std::make_index_sequence<64>{});
+  cute::warpgroup_commit_batch();
+  fence_regs(s);
+}
+
+// [O | l](64x136) = P(64x128 keys) [V | 1](128 keys x 136): four k32 steps over the keys, into a fresh
+// accumulator. Hopper's FP8 tensor-core accumulator keeps about 13 mantissa bits and truncates, so
+// sums over hundreds of tiles drift by percents; the caller adds each tile into FP32 registers.
+__device__ __forceinline__ void issue_pv(uint32_t (&p)[16], uint64_t desc_v, float (&o)[68]) {
+  fence_regs(p);
+  fence_regs(o);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int k = 0; k < KernelConfig::kBlockN / 32; ++k)
+    pv_mma_impl(&p[4 * k], desc_k_step(desc_v, k), o, k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                std::make_index_sequence<68>{});
+  cute::warpgroup_commit_batch();
+  fence_regs(p);
+  fence_regs(o);
+}
+
+// Named barriers that order the two consumer warpgroups' tensor-core issue (ping-pong).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace openvc::sm90

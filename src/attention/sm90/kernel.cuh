@@ -1,0 +1,342 @@
+// The sm_90a ExpCast attention kernel: one producer warpgroup (TMA, registers handed back) and two
+// consumer warpgroups in ping-pong (QK^T and PV on the tensor cores, ExpCast in between), persistent
+// over (batch, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "attention/sm90/config.h"
+#include "attention/sm90/expcast.cuh"
+#include "attention/sm90/gmma.cuh"
+#include "attention/sm90/traversal.h"
+
+namespace openvc::sm90 {
+
+using Cfg = KernelConfig;
+
+struct KernelParams {
+  int batch, heads, seqlen_q, seqlen_k;
+  int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
+  const float* q_descale;   // [B, H, num_q_tiles]
+  const float* k_descale;   // [B, H, num_k_blocks]
+  const float* v_descale;   // [B, H]
+  __nv_bfloat16* out;       // [B, Sq, H, D] with strides
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;               // optional [B, H, Sq]
+  float qk_multiplier;      // 8 * log2e * softmax_scale
+};
+
+struct alignas(1024) SharedStorage {
+  uint8_t q[Cfg::kQBytes];
+  uint8_t k[Cfg::kStages][Cfg::kTileBytes];
+  uint8_t v[Cfg::kStages][Cfg::kVStageBytes];
+  uint64_t q_full, q_empty;
+  uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+};
+static_assert(Cfg::kQBytes % 1024 == 0 && Cfg::kTileBytes % 1024 == 0 && Cfg::kVStageBytes % 1024 == 0,
+              "swizzled operand tiles must stay 1024-byte aligned");
+
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+using Barrier = cutlass::arch::ClusterBarrier;
+constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
+
+struct TileCoord {
+  int b, h, qt;
+};
+__device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p) {
+  // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2.
+  TileCoord c;
+  c.qt = tile % p.num_q_tiles;
+  const int bh = tile / p.num_q_tiles;
+  c.h = bh % p.heads;
+  c.b = bh / p.heads;
+  return c;
+}
+__device__ __forceinline__ KeyOrder tile_key_order(const TileCoord& c, const KernelParams& p) {
+  // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the range)
+  // because a 64-bit division is a call, and a call serializes the wgmma pipeline.
+  const int diag = static_cast<int>((uint32_t(c.qt) * uint32_t(p.seqlen_k)) / uint32_t(p.seqlen_q));
+  return KeyOrder(diag, p.num_k_blocks, p.mid_window_blocks);
+}
+
+// Ring position shared by the producer and both consumers: every key block takes one stage.
+struct RingState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == Cfg::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+__device__ __forceinline__ void producer_loop(SharedStorage& sh, const KernelParams& p, const CUtensorMap* tm_q,
+                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v) {
+  RingState ring;
+  int iter = 0;
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++iter) {
+    const TileCoord c = decode_tile(tile, p);
+    const KeyOrder order = tile_key_order(c, p);
+    Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
+    TxBarrier::arrive_and_expect_tx(&sh.q_full, Cfg::kQBytes);
+    cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, c.qt * Cfg::kBlockM, c.h, c.b);
+    for (int i = 0; i < p.num_k_blocks; ++i, ring.advance()) {
+      const int blk = order(i);
+      Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
+      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
+      cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
+                                   c.h, c.b);
+      Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
+      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes);
+      cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * Cfg::kBlockN, 0,
+                                   c.b * p.heads + c.h);
+    }
+  }
+}
+
+// One lane per consumer warp frees a buffer once the whole warp is past its last read of it.
+__device__ __forceinline__ void release(uint64_t* bar) {
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0) Barrier::arrive(bar);
+}
+
+// Per-thread view of the 64-row accumulator fragment: lane 4g+t holds rows g and g+8 of its warp's
+// 16 rows; in every 8-column chunk j, columns 8j+2t and 8j+2t+1 (indices 4j..4j+3: lo row pair,
+// hi row pair).
+struct ConsumerState {
+  float o[68];       // [O | l] in FP32: o[64..65] = l of row g, o[66..67] = l of row g+8
+  float pv[68];      // the current tile's P [V | 1] from the tensor cores
+  uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
+  float m_lo, m_hi;  // running maxima (code units)
+};
+
+// Row max of the tile in code units, after masking columns at or past `valid` keys.
+__device__ __forceinline__ void mask_tail(float (&s)[64], int valid, int t) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * t;
+    if (col >= valid) s[4 * j + 0] = s[4 * j + 2] = -INFINITY;
+    if (col + 1 >= valid) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
+  }
+}
+
+__device__ __forceinline__ void row_max(const float (&s)[64], float& lo, float& hi) {
+  lo = fmaxf(s[0], s[1]);
+  hi = fmaxf(s[2], s[3]);
+#pragma unroll
+  for (int j = 1; j < 16; ++j) {
+    lo = fmaxf(lo, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+    hi = fmaxf(hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
+  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
+}
+
+// Adds the finished tile product into the FP32 accumulator (both at the scale of the previous max).
+__device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
+#pragma unroll
+  for (int i = 0; i < 68; ++i) st.o[i] += st.pv[i];
+}
+
+// Zero deadband: every increase is applied before conversion; O and l are rescaled only when some
+// row of the warp grew (after mid-window order has found the maximum, most tiles skip this).
+__device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi) {
+  const float new_lo = fmaxf(st.m_lo, tile_lo);
+  const float new_hi = fmaxf(st.m_hi, tile_hi);
+  const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
+  if (__any_sync(0xffffffffu, grew)) {
+    const float a_lo = exp2f((st.m_lo - new_lo) * 0.125f);  // exp2(-inf) = 0 on the first tile
+    const float a_hi = exp2f((st.m_hi - new_hi) * 0.125f);
+#pragma unroll
+    for (int j = 0; j < 17; ++j) {
+      st.o[4 * j + 0] *= a_lo;
+      st.o[4 * j + 1] *= a_lo;
+      st.o[4 * j + 2] *= a_hi;
+      st.o[4 * j + 3] *= a_hi;
+    }
+    st.m_lo = new_lo;
+    st.m_hi = new_hi;
+  }
+}
+
+// Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
+// row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
+// (kPackedKeyOrder) so this register order is the key order the tensor core expects.
+__device__ __forceinline__ void convert_tile(const float (&s)[64], float a, float b_lo, float b_hi, uint32_t (&p)[16]) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+    p[4 * kb + 0] = pack_codes(expcast_pair(s[c0 + 0], s[c0 + 1], a, b_lo), expcast_pair(s[c1 + 0], s[c1 + 1], a, b_lo));
+    p[4 * kb + 1] = pack_codes(expcast_pair(s[c0 + 2], s[c0 + 3], a, b_hi), expcast_pair(s[c1 + 2], s[c1 + 3], a, b_hi));
+    p[4 * kb + 2] = pack_codes(expcast_pair(s[c2 + 0], s[c2 + 1], a, b_lo), expcast_pair(s[c3 + 0], s[c3 + 1], a, b_lo));
+    p[4 * kb + 3] = pack_codes(expcast_pair(s[c2 + 2], s[c2 + 3], a, b_hi), expcast_pair(s[c3 + 2], s[c3 + 3], a, b_hi));
+  }
+}
+
+__device__ __forceinline__ void store_output(const ConsumerState& st, const KernelParams& p, const TileCoord& c,
+                                             int row_base, int g, int t) {
+  // Every column of the extra chunk is the row sum, so each thread already holds l for its rows
+  // (a shuffle of an accumulator register here serializes the wgmma pipeline in ptxas 13.0).
+  const float l_lo = st.o[64], l_hi = st.o[66];
+  const float dv = p.v_descale[c.b * p.heads + c.h];
+  // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
+  const float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
+  const int r_lo = c.qt * Cfg::kBlockM + row_base + g, r_hi = r_lo + 8;
+  __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h;
+  if (r_lo < p.seqlen_q) {
+    __nv_bfloat16* row = base + r_lo * p.out_stride_s;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
+          __floats2bfloat162_rn(st.o[4 * j + 0] * s_lo, st.o[4 * j + 1] * s_lo);
+  }
+  if (r_hi < p.seqlen_q) {
+    __nv_bfloat16* row = base + r_hi * p.out_stride_s;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
+          __floats2bfloat162_rn(st.o[4 * j + 2] * s_hi, st.o[4 * j + 3] * s_hi);
+  }
+  if (p.lse != nullptr && t == 0) {
+    float* lse = p.lse + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
+    constexpr float kLn2 = 0.69314718055994531f;
+    if (r_lo < p.seqlen_q) lse[r_lo] = kLn2 * (st.m_lo * 0.125f) + __logf(l_lo * (1.0f / 256.0f));
+    if (r_hi < p.seqlen_q) lse[r_hi] = kLn2 * (st.m_hi * 0.125f) + __logf(l_hi * (1.0f / 256.0f));
+  }
+}
+
+// Mask, tile max, running-max update and conversion of one tile whose PV has no pending work.
+__device__ __forceinline__ void softmax_step(ConsumerState& st, float (&s)[64], float a, int valid, int t) {
+  if (valid < Cfg::kBlockN) mask_tail(s, valid, t);
+  float t_lo, t_hi;
+  row_max(s, t_lo, t_hi);
+  update_max(st, t_lo * a, t_hi * a);
+  convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
+}
+
+__device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelParams& p, int wg) {
+  const int lane = threadIdx.x & 31;
+  const int warp_in_wg = (threadIdx.x / 32) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int row_base = 64 * wg + 16 * warp_in_wg;
+  // Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own.
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
+  constexpr int kPair = 2 * 128;
+  if (wg == 1) named_barrier_arrive(1, kPair);  // the first consumer goes first
+
+  const uint64_t desc_q = sw128_kmajor_desc(sh.q + 64 * wg * Cfg::kHeadDim);
+  RingState ring;
+  int iter = 0;
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++iter) {
+    const TileCoord c = decode_tile(tile, p);
+    const KeyOrder order = tile_key_order(c, p);
+    const float qscale = p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
+    const float* kd = p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
+    ConsumerState st;
+#pragma unroll
+    for (int i = 0; i < 68; ++i) st.o[i] = 0.0f;
+    st.m_lo = st.m_hi = -INFINITY;
+    float s[64];
+    TxBarrier::wait(&sh.q_full, iter & 1);
+
+    const int n = p.num_k_blocks;
+    // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
+    // around the asynchronous tensor-core work).
+    int blk = order(0);
+    TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
+    named_barrier_sync(my_bar, kPair);
+    issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+    named_barrier_arrive(other_bar, kPair);
+    cute::warpgroup_wait<0>();
+    fence_regs(s);
+    release(&sh.k_empty[ring.stage]);
+    if (n == 1) release(&sh.q_empty);
+    softmax_step(st, s, qscale * kd[blk], p.seqlen_k - blk * Cfg::kBlockN, t);
+    RingState prev = ring;
+    ring.advance();
+
+    for (int i = 1; i < n; ++i) {
+      blk = order(i);
+      TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
+      named_barrier_sync(my_bar, kPair);
+      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+      TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
+      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv);
+      named_barrier_arrive(other_bar, kPair);
+      cute::warpgroup_wait<1>();
+      fence_regs(s);
+      release(&sh.k_empty[ring.stage]);
+      if (i == n - 1) release(&sh.q_empty);
+      // a = 8 log2e tau dq dk in the reference's operation order (numerics section 3).
+      const float a = qscale * kd[blk];
+      const int valid = p.seqlen_k - blk * Cfg::kBlockN;
+      if (valid < Cfg::kBlockN) mask_tail(s, valid, t);
+      float t_lo, t_hi;
+      row_max(s, t_lo, t_hi);
+      cute::warpgroup_wait<0>();
+      fence_regs(st.pv);
+      release(&sh.v_empty[prev.stage]);
+      accumulate_tile(st);
+      update_max(st, t_lo * a, t_hi * a);
+      convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
+      prev = ring;
+      ring.advance();
+    }
+    // The last tile's PV.
+    TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
+    named_barrier_sync(my_bar, kPair);
+    issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv);
+    named_barrier_arrive(other_bar, kPair);
+    cute::warpgroup_wait<0>();
+    fence_regs(st.pv);
+    release(&sh.v_empty[prev.stage]);
+    accumulate_tile(st);
+    store_output(st, p, c, row_base, g, t);
+  }
+}
+
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    expcast_attention_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ KernelParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    TxBarrier::init(&sh.q_full, 1);
+    Barrier::init(&sh.q_empty, kConsumerWarps);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      TxBarrier::init(&sh.k_full[s], 1);
+      Barrier::init(&sh.k_empty[s], kConsumerWarps);
+      TxBarrier::init(&sh.v_full[s], 1);
+      Barrier::init(&sh.v_empty[s], kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  // The 8 row-sum rows under every V stage, all E4M3 1.0 (0x38): every column of the extra accumulator
+  // chunk is then the row sum. Uniform rows are invariant under the 128-byte swizzle, so plain stores
+  // give the layout the tensor core reads.
+  for (int idx = threadIdx.x; idx < Cfg::kStages * 8 * Cfg::kBlockN / 4; idx += blockDim.x) {
+    const int stage = idx / (8 * Cfg::kBlockN / 4), word = idx % (8 * Cfg::kBlockN / 4);
+    reinterpret_cast<uint32_t*>(sh.v[stage] + Cfg::kTileBytes)[word] = 0x38383838u;
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) producer_loop(sh, p, &tm_q, &tm_k, &tm_v);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    consumer_loop(sh, p, warpgroup - 1);
+  }
+}
+
+}  // namespace openvc::sm90

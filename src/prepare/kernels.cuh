@@ -1,0 +1,305 @@
+// Preparation kernels (docs/numerics.md section 1): BF16/FP16 [B,S,H,D] -> FP8 E4M3 codes + descales.
+//   quantize_qk_kernel: Q and K, one CTA per (batch, head, 128-token block) of either tensor; it also
+//                       zeroes the V amax slot of its (batch, head), so no memset launch is needed.
+//   v_amax_kernel:      V, one CTA per (batch, head, 128-token block): block max, then atomicMax on
+//                       the float bits (amax >= 0, so unsigned order is float order).
+//   v_pack_kernel:      V, one CTA per (batch, head, 128-token block): codes with the per-head scale,
+//                       transposed through shared memory to [B,H,D,Sk_pad] in kPackedKeyOrder.
+// All three share one tile walk: 2*D threads, each loading four 16-element chunks (2 x 16 B each)
+// of the block's 128 x D elements, so D=128 and D=64 both issue 8 independent 16-byte loads per
+// thread. Flat grids (head fastest) keep CTAs that run together on neighbouring heads of the same
+// tokens, so DRAM sees whole [H*D] token rows, and lift the 65535 limit of gridDim.y/z.
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "common/e4m3.cuh"
+
+namespace openvc::prepare {
+
+inline constexpr int kBlockTokens = 128;  // == kQuantBlock
+inline constexpr float kE4M3Max = 448.0f;
+
+// Key stored at packed column kappa of a 16-key group (attention.h kPackedKeyOrder, as a formula
+// usable in device code; prepare.cu checks that the two agree).
+__host__ __device__ constexpr int packed_key(int kappa) {
+  return (kappa & 3) < 2 ? 2 * (kappa >> 2) + (kappa & 3) : 8 + 2 * (kappa >> 2) + (kappa & 3) - 2;
+}
+
+struct Bf16 {};
+struct F16 {};
+
+// Two 16-bit elements of one 32-bit word -> two floats (exact for both types).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t w);
+template <>
+__device__ __forceinline__ float2 unpack2<Bf16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<F16>(uint32_t w) {
+  return make_float2(__half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu))),
+                     __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))));
+}
+
+// One input tensor: element strides, head dim contiguous.
+struct TokenArgs {
+  const void* data;
+  int64_t stride_batch, stride_seq, stride_head;
+  int seqlen;
+};
+
+// Q or K side of quantize_qk_kernel.
+struct QkSide {
+  TokenArgs in;
+  int nblocks;        // ceil(seqlen / 128)
+  uint8_t* codes;     // [B, S, H, D]
+  float* descale;     // [B, H, nblocks]
+};
+struct QkArgs {
+  QkSide side[2];     // 0: Q, 1: K
+  int heads;
+  uint32_t* v_amax;   // [B, H] workspace, zeroed here
+};
+
+struct VArgs {
+  TokenArgs in;
+  int heads, nblocks;
+  uint32_t* v_amax;   // [B, H] float bits of max |v|
+  uint8_t* v_packed;  // [B, H, D, sk_pad]
+  float* v_descale;   // [B, H]
+  int64_t sk_pad;
+};
+
+template <int D>
+struct Tile {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kThreads = 2 * D;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kChunksPerToken = D / 16;                  // 16-element chunks
+  static constexpr int kTokenStep = kThreads / kChunksPerToken;   // 32 tokens per pass
+  static constexpr int kPasses = kBlockTokens / kTokenStep;       // 4 chunks per thread
+  static_assert(kPasses * kTokenStep == kBlockTokens, "tile walk covers the block");
+  // Residency: 1024 threads per SM (64 registers) keep 4 x 32 KB (D = 128) of loads in flight per
+  // SM, well above what saturates HBM.
+  static constexpr int kMinCtas = 1024 / kThreads;
+};
+
+// The 128 x D tile of one (batch, head, block): chunk p of this thread is token
+// tid / kChunksPerToken + 32 p, elements 16 * (tid % kChunksPerToken) .. +15. Tokens at or past
+// `valid` read as zero (partial final block).
+template <int D, bool kStreaming>
+__device__ __forceinline__ void load_tile(const TokenArgs& a, int b, int h, int token0,
+                                          uint4 (&v)[Tile<D>::kPasses][2]) {
+  using TL = Tile<D>;
+  const int valid = a.seqlen - token0;
+  const int t = threadIdx.x / TL::kChunksPerToken;
+  const int sub = threadIdx.x % TL::kChunksPerToken;
+  // 2-byte elements; int64 arithmetic: one tensor can exceed 2^31 elements (S=73k, H=56: 5e8).
+  const uint16_t* base = static_cast<const uint16_t*>(a.data) + b * a.stride_batch +
+                         h * a.stride_head + static_cast<int64_t>(token0 + t) * a.stride_seq + 16 * sub;
+#pragma unroll
+  for (int p = 0; p < TL::kPasses; ++p) {
+    const int tok = t + p * TL::kTokenStep;
+    if (tok < valid) {
+      const uint4* src = reinterpret_cast<const uint4*>(base + p * TL::kTokenStep * a.stride_seq);
+      v[p][0] = kStreaming ? __ldcs(src) : __ldg(src);
+      v[p][1] = kStreaming ? __ldcs(src + 1) : __ldg(src + 1);
+    } else {
+      v[p][0] = v[p][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Packed max(acc, |w|) on two 16-bit elements. max.{bf16,f16}x2 returns the non-NaN operand when
+// one is NaN, like fmaxf; the max picks one of its inputs, so the result is exact. Working on the
+// raw words keeps the tile at 32 registers (float copies made here would stay live for encoding).
+template <typename T>
+__device__ __forceinline__ uint32_t absmax2(uint32_t acc, uint32_t w);
+template <>
+__device__ __forceinline__ uint32_t absmax2<Bf16>(uint32_t acc, uint32_t w) {
+  uint32_t r;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(acc), "r"(w & 0x7FFF7FFFu));
+  return r;
+}
+template <>
+__device__ __forceinline__ uint32_t absmax2<F16>(uint32_t acc, uint32_t w) {
+  uint32_t r;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(acc), "r"(w & 0x7FFF7FFFu));
+  return r;
+}
+
+// max |x| over this thread's chunks (0 for padding).
+template <typename T, int D>
+__device__ __forceinline__ float thread_amax(const uint4 (&v)[Tile<D>::kPasses][2]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int p = 0; p < Tile<D>::kPasses; ++p) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      m = absmax2<T>(m, v[p][j].x);
+      m = absmax2<T>(m, v[p][j].y);
+      m = absmax2<T>(m, v[p][j].z);
+      m = absmax2<T>(m, v[p][j].w);
+    }
+  }
+  const float2 f = unpack2<T>(m);
+  return fmaxf(f.x, f.y);
+}
+
+// Max over the CTA; every thread gets the result. `red` holds kWarps floats.
+template <int D>
+__device__ __forceinline__ float block_max(float m, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+#pragma unroll
+  for (int i = 1; i < Tile<D>::kWarps; ++i) m = fmaxf(m, red[i]);
+  return m;
+}
+
+// Section 1 scales, one FP32 division each (IEEE: this file is never built with fast math).
+__device__ __forceinline__ float descale_of(float amax) { return __fdiv_rn(amax, kE4M3Max); }
+__device__ __forceinline__ float scale_inv_of(float amax) {
+  return amax > 0.0f ? __fdiv_rn(kE4M3Max, amax) : 0.0f;
+}
+
+// 16 elements -> 16 codes: E4M3(float(x) * scale_inv), one rounded FP32 multiply per element.
+template <typename T>
+__device__ __forceinline__ uint4 encode_chunk(const uint4 (&v)[2], float s) {
+  const uint32_t w[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 lo = unpack2<T>(w[2 * i]), hi = unpack2<T>(w[2 * i + 1]);
+    c[i] = detail::e4m3_encode4(__fmul_rn(lo.x, s), __fmul_rn(lo.y, s), __fmul_rn(hi.x, s),
+                                __fmul_rn(hi.y, s));
+  }
+  return make_uint4(c[0], c[1], c[2], c[3]);
+}
+
+// Flat CTA index -> (head, block, batch), head fastest.
+struct CtaCoord {
+  int h, blk, b;
+};
+__device__ __forceinline__ CtaCoord cta_coord(int heads, int nblocks) {
+  const int x = static_cast<int>(blockIdx.x);
+  const int hb = x / heads;
+  return {x - hb * heads, hb % nblocks, hb / nblocks};
+}
+
+// ---- (1) Q and K per-block quantization -----------------------------------------------------------
+// Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's.
+template <typename T, int D>
+__global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
+    quantize_qk_kernel(const __grid_constant__ QkArgs args) {
+  using TL = Tile<D>;
+  __shared__ float red[TL::kWarps];
+  const CtaCoord c = cta_coord(args.heads, args.side[0].nblocks + args.side[1].nblocks);
+  const int which = c.blk >= args.side[0].nblocks ? 1 : 0;
+  const QkSide& s = args.side[which];
+  const int blk = c.blk - (which ? args.side[0].nblocks : 0);
+  const int token0 = blk * kBlockTokens;
+  if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+
+  uint4 v[TL::kPasses][2];
+  load_tile<D, true>(s.in, c.b, c.h, token0, v);
+  const float amax = block_max<D>(thread_amax<T, D>(v), red);
+  const float scale_inv = scale_inv_of(amax);
+  if (threadIdx.x == 0)
+    s.descale[(static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk] = descale_of(amax);
+
+  const int t = threadIdx.x / TL::kChunksPerToken;
+  const int sub = threadIdx.x % TL::kChunksPerToken;
+  const int valid = s.in.seqlen - token0;
+  // codes [B, S, H, D] contiguous: token row stride H*D bytes.
+  uint8_t* out = s.codes + ((static_cast<int64_t>(c.b) * s.in.seqlen + token0 + t) * args.heads + c.h) * D +
+                 16 * sub;
+  const int64_t row = static_cast<int64_t>(args.heads) * D;
+#pragma unroll
+  for (int p = 0; p < TL::kPasses; ++p) {
+    if (t + p * TL::kTokenStep < valid)
+      *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode_chunk<T>(v[p], scale_inv);
+  }
+}
+
+// ---- (2) V amax per (batch, head) -----------------------------------------------------------------
+template <typename T, int D>
+__global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
+    v_amax_kernel(const __grid_constant__ VArgs args) {
+  using TL = Tile<D>;
+  __shared__ float red[TL::kWarps];
+  const CtaCoord c = cta_coord(args.heads, args.nblocks);
+  uint4 v[TL::kPasses][2];
+  // Cached loads: the pack kernel reads V again, and the tail of V may still be in L2 then.
+  load_tile<D, false>(args.in, c.b, c.h, c.blk * kBlockTokens, v);
+  const float amax = block_max<D>(thread_amax<T, D>(v), red);
+  // The slot starts at 0 (quantize_qk_kernel), so a zero block has nothing to add.
+  if (threadIdx.x == 0 && amax > 0.0f) atomicMax(&args.v_amax[c.b * args.heads + c.h], __float_as_uint(amax));
+}
+
+// ---- (3) V cast + transpose + key permutation -----------------------------------------------------
+// Shared tile: 128 token rows of D code bytes. The 16-byte chunk `sub` of row r is stored at chunk
+// sub ^ ((r >> 4) & (kChunksPerToken - 1)): the writes (one row's chunks per quarter warp) and the
+// transposed reads (8 key groups x 4 columns per warp) then hit distinct banks for D = 128
+// (D = 64: 2-way on the reads, its rows being only 16 words wide).
+template <typename T, int D>
+__global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
+    v_pack_kernel(const __grid_constant__ VArgs args) {
+  using TL = Tile<D>;
+  constexpr int kC = TL::kChunksPerToken;
+  constexpr int kWords = D / 4;  // 32-bit words per tile row
+  __shared__ alignas(16) uint32_t tile[kBlockTokens * kWords];
+  const CtaCoord c = cta_coord(args.heads, args.nblocks);
+  const int token0 = c.blk * kBlockTokens;
+
+  uint4 v[TL::kPasses][2];
+  load_tile<D, true>(args.in, c.b, c.h, token0, v);
+  const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
+  const float amax = __uint_as_float(args.v_amax[bh]);
+  const float scale_inv = scale_inv_of(amax);
+  if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
+
+  // Phase 1: codes into the swizzled tile. Padding tokens (loaded as 0) become code 0.
+  {
+    const int t = threadIdx.x / kC;
+    const int sub = threadIdx.x % kC;
+#pragma unroll
+    for (int p = 0; p < TL::kPasses; ++p) {
+      const int r = t + p * TL::kTokenStep;
+      reinterpret_cast<uint4*>(tile)[r * kC + (sub ^ ((r >> 4) & (kC - 1)))] = encode_chunk<T>(v[p], scale_inv);
+    }
+  }
+  __syncthreads();
+
+  // Phase 2: thread (g, w) owns dims 4w..4w+3 of the keys of 16-key group g. It gathers the 16 words
+  // (4 dims each) of its keys in packed order, transposes them 4x4 bytes at a time, and writes 16
+  // packed keys per dim. A warp's 8 groups cover a row's 128 keys: each store fills whole lines.
+  const int g = threadIdx.x & 7;
+  const int w = threadIdx.x >> 3;
+  const int col = 4 * ((w >> 2) ^ (g & (kC - 1))) + (w & 3);
+  uint32_t k[16];
+#pragma unroll
+  for (int kappa = 0; kappa < 16; ++kappa) k[kappa] = tile[(16 * g + packed_key(kappa)) * kWords + col];
+  uint32_t out[4][4];  // [dim i][key quad q]: byte n = packed key 4q + n, dim 4w + i
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t t0 = __byte_perm(k[4 * q], k[4 * q + 1], 0x5140);      // a0 b0 a1 b1
+    const uint32_t t1 = __byte_perm(k[4 * q], k[4 * q + 1], 0x7362);      // a2 b2 a3 b3
+    const uint32_t t2 = __byte_perm(k[4 * q + 2], k[4 * q + 3], 0x5140);  // c0 d0 c1 d1
+    const uint32_t t3 = __byte_perm(k[4 * q + 2], k[4 * q + 3], 0x7362);  // c2 d2 c3 d3
+    out[0][q] = __byte_perm(t0, t2, 0x5410);  // a0 b0 c0 d0
+    out[1][q] = __byte_perm(t0, t2, 0x7632);  // a1 b1 c1 d1
+    out[2][q] = __byte_perm(t1, t3, 0x5410);
+    out[3][q] = __byte_perm(t1, t3, 0x7632);
+  }
+  uint8_t* dst = args.v_packed + (bh * D + 4 * w) * args.sk_pad + token0 + 16 * g;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    *reinterpret_cast<uint4*>(dst + i * args.sk_pad) = make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
+}
+
+}  // namespace openvc::prepare

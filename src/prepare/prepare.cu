@@ -1,0 +1,141 @@
+// Host side of preparation: argument checks and the three launches (kernels.cuh). Stream-ordered,
+// no allocation, no host synchronization, so prepare_fp8 can be captured in a CUDA graph.
+#include <cstdint>
+#include <string>
+
+#include "common/cuda_check.h"
+#include "openvc/attention.h"
+#include "prepare/kernels.cuh"
+
+namespace openvc {
+namespace {
+
+using prepare::kBlockTokens;
+
+constexpr bool packed_order_matches() {
+  for (int i = 0; i < 16; ++i)
+    if (prepare::packed_key(i) != kPackedKeyOrder[i]) return false;
+  return true;
+}
+static_assert(packed_order_matches(), "packed_key() must reproduce kPackedKeyOrder");
+static_assert(kBlockTokens == kQuantBlock, "one CTA tile is one quantization block");
+
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+Status check_positive(const char* name, int64_t v) {
+  if (v > 0) return Status::Ok();
+  return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be > 0, got " + std::to_string(v));
+}
+
+Status check_output(const char* name, const void* p, uintptr_t align) {
+  if (p == nullptr) return Status::Invalid(std::string("prepare_fp8: params.") + name + " is null");
+  if (!aligned(p, align))
+    return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be " + std::to_string(align) +
+                           "-byte aligned");
+  return Status::Ok();
+}
+
+// The kernels read 16-byte vectors (8 elements) at every (batch, token, head) start.
+Status check_input(const char* name, const TokenTensorView& t) {
+  const std::string n = std::string("prepare_fp8: params.") + name;
+  if (t.data == nullptr) return Status::Invalid(n + ".data is null");
+  if (!aligned(t.data, 16))
+    return Status::Invalid(n + ".data must be 16-byte aligned (the kernels use 16-byte loads)");
+  const struct { const char* field; int64_t v; } strides[] = {
+      {"stride_batch", t.stride_batch}, {"stride_seq", t.stride_seq}, {"stride_head", t.stride_head}};
+  for (const auto& s : strides) {
+    if (s.v % 8 != 0)
+      return Status::Invalid(n + "." + s.field + " must be a multiple of 8 elements (16 bytes), got " +
+                             std::to_string(s.v));
+  }
+  return Status::Ok();
+}
+
+Status validate(const PrepareParams& p) {
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
+    return Status::Invalid("prepare_fp8: params.dtype must be kBFloat16 or kFloat16");
+  OPENVC_RETURN_IF_ERROR(check_positive("batch", p.batch));
+  OPENVC_RETURN_IF_ERROR(check_positive("seqlen_q", p.seqlen_q));
+  OPENVC_RETURN_IF_ERROR(check_positive("seqlen_k", p.seqlen_k));
+  OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
+  if (p.head_dim != 128 && p.head_dim != 64)
+    return Status::Unsupported("prepare_fp8: params.head_dim must be 128 or 64, got " + std::to_string(p.head_dim));
+  OPENVC_RETURN_IF_ERROR(check_input("q", p.q));
+  OPENVC_RETURN_IF_ERROR(check_input("k", p.k));
+  OPENVC_RETURN_IF_ERROR(check_input("v", p.v));
+  OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
+  OPENVC_RETURN_IF_ERROR(check_output("k_codes", p.k_codes, 16));
+  OPENVC_RETURN_IF_ERROR(check_output("v_packed", p.v_packed, 16));
+  OPENVC_RETURN_IF_ERROR(check_output("q_descale", p.q_descale, alignof(float)));
+  OPENVC_RETURN_IF_ERROR(check_output("k_descale", p.k_descale, alignof(float)));
+  OPENVC_RETURN_IF_ERROR(check_output("v_descale", p.v_descale, alignof(float)));
+  OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
+  const size_t need = prepare_workspace_bytes(p.batch, p.heads);
+  if (p.workspace_bytes < need)
+    return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) +
+                           ", prepare_workspace_bytes(batch, heads) = " + std::to_string(need) + " needed");
+  // Flat 1-D grids: batch * heads * blocks CTAs must fit gridDim.x.
+  const int64_t blocks = num_quant_blocks(p.seqlen_q) + num_quant_blocks(p.seqlen_k);
+  if (static_cast<int64_t>(p.batch) * p.heads * blocks > INT32_MAX)
+    return Status::Unsupported("prepare_fp8: batch * heads * (ceil(seqlen_q/128) + ceil(seqlen_k/128)) "
+                               "exceeds 2^31 - 1 thread blocks");
+  return Status::Ok();
+}
+
+prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen) {
+  return {t.data, t.stride_batch, t.stride_seq, t.stride_head, seqlen};
+}
+
+template <typename T, int D>
+Status launch(const PrepareParams& p, cudaStream_t stream) {
+  constexpr int kThreads = prepare::Tile<D>::kThreads;
+  auto* v_amax = static_cast<uint32_t*>(p.workspace);
+  const int64_t bh = static_cast<int64_t>(p.batch) * p.heads;
+
+  prepare::QkArgs qk{};
+  qk.side[0] = {token_args(p.q, p.seqlen_q), static_cast<int>(num_quant_blocks(p.seqlen_q)), p.q_codes, p.q_descale};
+  qk.side[1] = {token_args(p.k, p.seqlen_k), static_cast<int>(num_quant_blocks(p.seqlen_k)), p.k_codes, p.k_descale};
+  qk.heads = p.heads;
+  qk.v_amax = v_amax;
+  const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
+  prepare::quantize_qk_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
+  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
+
+  prepare::VArgs va{};
+  va.in = token_args(p.v, p.seqlen_k);
+  va.heads = p.heads;
+  va.nblocks = static_cast<int>(num_quant_blocks(p.seqlen_k));
+  va.v_amax = v_amax;
+  va.v_packed = p.v_packed;
+  va.v_descale = p.v_descale;
+  va.sk_pad = packed_seqlen_k(p.seqlen_k);
+  const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
+  prepare::v_amax_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
+  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel launch");
+  prepare::v_pack_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
+  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_pack_kernel launch");
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t prepare_workspace_bytes(int batch, int heads) {
+  if (batch <= 0 || heads <= 0) return 0;
+  const size_t bytes = static_cast<size_t>(batch) * static_cast<size_t>(heads) * sizeof(uint32_t);
+  return (bytes + 15) / 16 * 16;
+}
+
+Status prepare_fp8(const PrepareParams& params, cudaStream_t stream) {
+  OPENVC_RETURN_IF_ERROR(validate(params));
+  int device = 0;
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (!device_supports_sm90a(device))
+    return Status::Unsupported("prepare_fp8: device " + std::to_string(device) +
+                               " is not compute capability 9.0 (the kernels are built for sm_90a only)");
+  const bool bf16 = params.dtype == DType::kBFloat16;
+  if (params.head_dim == 128)
+    return bf16 ? launch<prepare::Bf16, 128>(params, stream) : launch<prepare::F16, 128>(params, stream);
+  return bf16 ? launch<prepare::Bf16, 64>(params, stream) : launch<prepare::F16, 64>(params, stream);
+}
+
+}  // namespace openvc

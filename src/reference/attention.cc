@@ -1,0 +1,257 @@
+// Sections 2-6: prepared FP8 inputs and the ExpCast online-softmax attention (the kernel's oracle).
+//
+// Oracle choices, where the kernel's arithmetic is the hardware's rather than the contract's:
+// - Q8.K8 uses the ideal accumulator: the exact sum of the FP8 products (exact in double whatever
+//   the order, see internal::ideal_dot) rounded once to FP32.
+// - The numerator A and the denominator l are kept in double, so the reference's own summation
+//   error is far below the kernel's FP32 accumulation error that tests bound.
+// Everything that decides a byte (multiplier, tile max, bias, FMA, rounding, rescale factor) is FP32
+// in the kernel's order.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "reference/internal.h"
+
+namespace openvc::reference {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+Status check_size(const char* what, size_t got, size_t expected) {
+  if (got == expected) return Status::Ok();
+  return Status::Invalid(std::string(what) + ": expected " + std::to_string(expected) + " elements, got " +
+                         std::to_string(got));
+}
+
+Status check_prepared(const PreparedInputs& in) {
+  OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(in.q_seqs, in.k_seqs));
+  const size_t nseq = in.q_seqs.count(), H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
+  const size_t tq = in.q_seqs.total_tokens(), tk = in.k_seqs.total_tokens();
+  if (in.q.max_blocks != in.q_seqs.max_blocks()) {
+    return Status::Invalid("in.q.max_blocks: expected " + std::to_string(in.q_seqs.max_blocks()) +
+                           " (q_seqs.max_blocks()), got " + std::to_string(in.q.max_blocks));
+  }
+  if (in.k.max_blocks != in.k_seqs.max_blocks()) {
+    return Status::Invalid("in.k.max_blocks: expected " + std::to_string(in.k_seqs.max_blocks()) +
+                           " (k_seqs.max_blocks()), got " + std::to_string(in.k.max_blocks));
+  }
+  OPENVC_RETURN_IF_ERROR(check_size("in.q.codes", in.q.codes.size(), tq * H * D));
+  OPENVC_RETURN_IF_ERROR(check_size("in.k.codes", in.k.codes.size(), tk * H * D));
+  OPENVC_RETURN_IF_ERROR(check_size("in.v.codes", in.v.codes.size(), tk * H * D));
+  OPENVC_RETURN_IF_ERROR(check_size("in.q.descale", in.q.descale.size(), nseq * H * in.q.max_blocks));
+  OPENVC_RETURN_IF_ERROR(check_size("in.k.descale", in.k.descale.size(), nseq * H * in.k.max_blocks));
+  OPENVC_RETURN_IF_ERROR(check_size("in.v.descale", in.v.descale.size(), nseq * H));
+  if (const VRepair* r = in.repair) {
+    OPENVC_RETURN_IF_ERROR(check_size("in.repair->count", r->count.size(), nseq * H));
+    OPENVC_RETURN_IF_ERROR(check_size("in.repair->offset", r->offset.size(), nseq * H));
+    OPENVC_RETURN_IF_ERROR(check_size("in.repair->codes", r->codes.size(), r->tokens.size() * D));
+    for (size_t g = 0; g < nseq * H; ++g) {
+      const int64_t cnt = r->count[g], off = r->offset[g];
+      if (cnt < 0 || off < 0 || off + cnt > static_cast<int64_t>(r->tokens.size())) {
+        return Status::Invalid("in.repair: group " + std::to_string(g) + " has offset " + std::to_string(off) +
+                               " and count " + std::to_string(cnt) + ", expected a range inside tokens (size " +
+                               std::to_string(r->tokens.size()) + ")");
+      }
+      const int sk = in.k_seqs.length(static_cast<int>(g / H));
+      for (int64_t k = off; k < off + cnt; ++k) {
+        if (r->tokens[k] < 0 || r->tokens[k] >= sk) {
+          return Status::Invalid("in.repair->tokens[" + std::to_string(k) + "]: expected a token in [0, " +
+                                 std::to_string(sk) + "), got " + std::to_string(r->tokens[k]));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_options(const AttentionOptions& opt) {
+  if (opt.key_tile != kQuantBlock) {
+    return Status::Invalid("opt.key_tile: must equal kQuantBlock (" + std::to_string(kQuantBlock) +
+                           ") in this version, got " + std::to_string(opt.key_tile));
+  }
+  if (opt.query_tile <= 0) return Status::Invalid("opt.query_tile: must be > 0, got " + std::to_string(opt.query_tile));
+  if (opt.mid_window_blocks < kNaturalOrder) {
+    return Status::Invalid("opt.mid_window_blocks: must be >= 0 or kNaturalOrder (-1), got " +
+                           std::to_string(opt.mid_window_blocks));
+  }
+  if (!std::isfinite(opt.softmax_scale)) {
+    return Status::Invalid("opt.softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
+                           std::to_string(opt.softmax_scale));
+  }
+  return Status::Ok();
+}
+
+// Online-softmax state of one query row.
+struct RowState {
+  float m = kNegInf;  // running max in code units: max over visited keys of fl(acc * a)
+  double l = 0.0;     // sum of decoded codes
+  double* A = nullptr;  // [D] sum of decoded code * decoded V8 (descale_V applied at the end)
+};
+
+// One (sequence, head) group: all of its query tiles, key blocks and repair rows.
+int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, int h, float tau,
+                  AttentionResult* res) {
+  const int H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
+  const int64_t q0 = in.q_seqs.cu_seqlens[s], k0 = in.k_seqs.cu_seqlens[s];
+  const int64_t sq = in.q_seqs.length(s), sk = in.k_seqs.length(s);
+  const int64_t stride = static_cast<int64_t>(H) * D;
+  const int bt = opt.key_tile;
+  const size_t g = static_cast<size_t>(s) * H + h;
+  const float* dq = &in.q.descale[g * in.q.max_blocks];
+  const float* dk = &in.k.descale[g * in.k.max_blocks];
+  const double dv = in.v.descale[g];
+  const int max_q = in.q_seqs.max_length();
+  float* lse = res->lse.data() + g * max_q;
+
+  // Decode once per group and reuse for every tile (the dot products dominate the run time).
+  const std::vector<double> Q = internal::decode_rows(in.q.codes.data() + q0 * stride + h * D, sq, stride, D);
+  const std::vector<double> K = internal::decode_rows(in.k.codes.data() + k0 * stride + h * D, sk, stride, D);
+  const std::vector<double> V = internal::decode_rows(in.v.codes.data() + k0 * stride + h * D, sk, stride, D);
+  const std::vector<double> KP = internal::key_panels(K.data(), sk, D);
+  const VRepair* rep = in.repair;
+  const int rcount = rep ? rep->count[g] : 0;
+  std::vector<double> R;
+  if (rcount > 0) R = internal::decode_rows(&rep->codes[static_cast<size_t>(rep->offset[g]) * D], rcount, D, D);
+
+  float decode_table[256];
+  for (int c = 0; c < 256; ++c) decode_table[c] = e4m3_decode(static_cast<uint8_t>(c));
+
+  const int n = static_cast<int>((sk + bt - 1) / bt);
+  int64_t rescales = 0;
+  const int tile_rows = static_cast<int>(std::min<int64_t>(opt.query_tile, sq));  // storage only
+  std::vector<double> A_buf(static_cast<size_t>(tile_rows) * D);
+  std::vector<RowState> rows(tile_rows);
+  std::vector<double> sums0(bt), sums1(bt);
+  std::vector<float> acc(bt);
+  std::vector<double> pv_p;           // nonzero decoded codes of one row and block ...
+  std::vector<const double*> pv_v;    // ... and the decoded V rows they weight
+
+  for (int64_t r0 = 0; r0 < sq; r0 += opt.query_tile) {
+    const int nrows = static_cast<int>(std::min<int64_t>(opt.query_tile, sq - r0));
+    std::fill(A_buf.begin(), A_buf.end(), 0.0);
+    for (int r = 0; r < nrows; ++r) rows[r] = RowState{kNegInf, 0.0, &A_buf[static_cast<size_t>(r) * D]};
+    const std::vector<int> order =
+        n > 0 ? key_block_order(diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks) : std::vector<int>();
+
+    for (int b : order) {
+      const int64_t j0 = static_cast<int64_t>(b) * bt, j1 = std::min<int64_t>(j0 + bt, sk);
+      // One row's step of the online softmax on block b, given its exact dot products.
+      auto row_step = [&](int r, const std::vector<double>& sums) {
+        const int64_t i = r0 + r;
+        // Causal: keys j <= i + (sk - sq) are visible; everything from jv on is masked.
+        const int64_t jv = opt.causal ? std::min<int64_t>(j1, i + (sk - sq) + 1) : j1;
+        if (jv <= j0) return;  // whole block masked for this row: no max update, all codes 0
+        RowState& st = rows[r];
+        const float a = expcast_multiplier(tau, dq[i / kQuantBlock], dk[b]);
+        float tile_max = kNegInf;
+        for (int64_t j = j0; j < jv; ++j) {
+          acc[j - j0] = static_cast<float>(sums[j - j0]);  // the ideal accumulator: one rounding
+          tile_max = std::max(tile_max, acc[j - j0] * a);  // FP32 product, as in the kernel
+        }
+        // Zero deadband: the max is raised before this tile's codes are formed.
+        if (tile_max > st.m) {
+          if (std::isfinite(st.m)) {
+            const float alpha = std::exp2((st.m - tile_max) / 8.0f);
+            st.l *= alpha;
+            for (int c = 0; c < D; ++c) st.A[c] *= alpha;
+            ++rescales;
+          }
+          st.m = tile_max;
+        }
+        pv_p.clear();
+        pv_v.clear();
+        for (int64_t j = j0; j < jv; ++j) {
+          const float p = decode_table[expcast_code(acc[j - j0], a, st.m)];
+          if (p == 0.0f) continue;
+          st.l += p;  // the same decoded value that weights V below
+          pv_p.push_back(p);
+          pv_v.push_back(&V[j * D]);
+        }
+        while (pv_p.size() % 4 != 0) {  // pad to groups of four with zero weights
+          pv_p.push_back(0.0);
+          pv_v.push_back(pv_v.empty() ? &V[j0 * D] : pv_v.back());
+        }
+        for (size_t k = 0; k < pv_p.size(); k += 4) internal::axpy4(st.A, D, &pv_p[k], &pv_v[k]);
+      };
+      const double* panels = &KP[static_cast<size_t>(b) * D * bt];
+      for (int r = 0; r < nrows; r += 2) {  // two rows per pass over the key block
+        const int r1 = std::min(r + 1, nrows - 1);
+        internal::block_dots2(&Q[(r0 + r) * D], &Q[(r0 + r1) * D], panels, D, sums0.data(), sums1.data());
+        row_step(r, sums0);
+        if (r1 != r) row_step(r1, sums1);
+      }
+    }
+
+    // Repair rows (section 6) come after every original block. They reproduce the original token's
+    // score exactly (same K8 and block descale), are coded against the final max (which they cannot
+    // raise) and add to the numerator only: l stays the denominator of the original keys.
+    for (int k = 0; k < rcount; ++k) {
+      const int64_t t = rep->tokens[rep->offset[g] + k];
+      for (int r = 0; r < nrows; ++r) {
+        const int64_t i = r0 + r;
+        if (internal::key_masked(i, t, sq, sk, opt.causal)) continue;
+        RowState& st = rows[r];
+        const float a = expcast_multiplier(tau, dq[i / kQuantBlock], dk[t / kQuantBlock]);
+        const float p = decode_table[expcast_code(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
+        if (p == 0.0f) continue;
+        const double* rt = &R[static_cast<size_t>(k) * D];
+        for (int c = 0; c < D; ++c) st.A[c] += p * rt[c];
+      }
+    }
+
+    for (int r = 0; r < nrows; ++r) {
+      const int64_t i = r0 + r;
+      const RowState& st = rows[r];
+      float* o = res->out.data() + (q0 + i) * stride + h * D;
+      if (!std::isfinite(st.m)) {  // no visible key (causal corner, or an empty key sequence)
+        std::fill(o, o + D, 0.0f);
+        lse[i] = kNegInf;
+        continue;
+      }
+      for (int c = 0; c < D; ++c) o[c] = static_cast<float>(dv * st.A[c] / st.l);
+      // m is in code units (8 * log2 of the numerator); l is scaled by 2^8 (code 120 = 256).
+      lse[i] = static_cast<float>(std::log(2.0) * (static_cast<double>(st.m) / 8.0) + std::log(st.l / 256.0));
+    }
+  }
+  return rescales;
+}
+
+}  // namespace
+
+Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                      const Sequences& k_seqs, PreparedInputs* out) {
+  OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(q_seqs, k_seqs));
+  if (out == nullptr) return Status::Invalid("out must not be null");
+  if (q == nullptr && q_seqs.total_tokens() > 0) return Status::Invalid("q must not be null");
+  if (k == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("k must not be null");
+  if (v == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("v must not be null");
+  out->q_seqs = q_seqs;
+  out->k_seqs = k_seqs;
+  out->repair = nullptr;
+  OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &out->q));
+  OPENVC_RETURN_IF_ERROR(quantize_blocks(k, k_seqs, &out->k));
+  OPENVC_RETURN_IF_ERROR(quantize_heads(v, k_seqs, &out->v));
+  return Status::Ok();
+}
+
+Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, AttentionResult* res) {
+  if (res == nullptr) return Status::Invalid("res must not be null");
+  OPENVC_RETURN_IF_ERROR(check_options(opt));
+  OPENVC_RETURN_IF_ERROR(check_prepared(in));
+  const int nseq = in.q_seqs.count(), H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
+  const float tau = internal::resolve_softmax_scale(opt.softmax_scale, D);
+  res->out.assign(static_cast<size_t>(in.q_seqs.total_tokens()) * H * D, 0.0f);
+  // Rows past a shorter sequence's end have no softmax: -inf like an empty log-sum-exp.
+  res->lse.assign(static_cast<size_t>(nseq) * H * in.q_seqs.max_length(), kNegInf);
+  res->rescales = 0;
+
+  // (sequence, head) groups are independent and write disjoint outputs.
+  std::vector<int64_t> rescales(static_cast<size_t>(nseq) * H, 0);
+  internal::parallel_for(nseq * H, [&](int g) { rescales[g] = run_group(in, opt, g / H, g % H, tau, res); });
+  for (int64_t r : rescales) res->rescales += r;
+  return Status::Ok();
+}
+
+}  // namespace openvc::reference

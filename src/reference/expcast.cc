@@ -1,0 +1,56 @@
+// Sections 3 and 5: the ExpCast byte and the key-block traversal order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "reference/internal.h"
+
+namespace openvc::reference {
+
+float expcast_multiplier(float softmax_scale, float descale_q, float descale_k) {
+  // Same FP32 products, same order, as the kernel's per-tile multiplier; 8 * log2e is exact in float
+  // (a power-of-two scaling of the float log2e).
+  const float k8log2e = 8.0f * kLog2e;
+  return ((k8log2e * softmax_scale) * descale_q) * descale_k;
+}
+
+uint8_t expcast_code(float acc, float a, float row_max) {
+  // The bias is one FP32 constant (kCodeBias + kHalfCodeOffset rounds to 1143.65f) minus the max, one
+  // FP32 subtraction, as the kernel forms b_i once per row; then a single FMA per score.
+  const float bias = (kCodeBias + kHalfCodeOffset) - row_max;
+  const float x = std::fmaf(acc, a, bias);
+  // The kernel clips with a half max against 1024, which also catches NaN and -inf.
+  if (std::isnan(x) || x < kHalfCodeOffset) return 0;
+  // In [1024, 2048) the f16 spacing is exactly 1, so the kernel's cvt.rn.f16 (round to nearest even)
+  // is the same as rounding x to an integer with ties to even, which std::nearbyint does in the
+  // default rounding mode. Above 2048 f16 rounding differs but every such x clips to 120 anyway.
+  const float c = std::min(std::nearbyint(x) - kHalfCodeOffset, static_cast<float>(kMaxCode));
+  return static_cast<uint8_t>(c);
+}
+
+// Invalid arguments (n < 1, diag < 0, mid_window_blocks < -1) give an empty order: there is no
+// Status to return, and an empty list can never be mistaken for a traversal of n >= 1 blocks.
+std::vector<int> key_block_order(int diag, int n, int mid_window_blocks) {
+  std::vector<int> order;
+  if (n < 1 || diag < 0 || mid_window_blocks < kNaturalOrder) return order;
+  order.reserve(n);
+  if (mid_window_blocks == kNaturalOrder) {
+    for (int j = 0; j < n; ++j) order.push_back(j);
+    return order;
+  }
+  // Start a few blocks past the diagonal and walk down to 0, so the row max is usually found early
+  // (fewer rescales, fewer codes converted against a stale max), then finish upwards.
+  const int j0 = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(diag) + mid_window_blocks, n - 1));
+  for (int j = j0; j >= 0; --j) order.push_back(j);
+  for (int j = j0 + 1; j < n; ++j) order.push_back(j);
+  return order;
+}
+
+// Invalid arguments (negative row or sk, sq or key_tile <= 0) give -1.
+int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile) {
+  if (first_query_row < 0 || sq <= 0 || sk < 0 || key_tile <= 0) return -1;
+  // floor(floor(r0 * Sk / Sq) / key_tile) == floor(r0 * Sk / (Sq * key_tile)) for non-negative values.
+  return static_cast<int>(first_query_row * sk / sq / key_tile);
+}
+
+}  // namespace openvc::reference

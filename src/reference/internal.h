@@ -1,0 +1,54 @@
+// Helpers shared by the CPU reference translation units (not part of the public API).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "openvc/reference.h"
+
+namespace openvc::reference::internal {
+
+// softmax_scale <= 0 selects the default 1/sqrt(D), computed in FP32 like the host launcher.
+inline float resolve_softmax_scale(float softmax_scale, int head_dim) {
+  return softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+// Key j is masked for query i when it lies past the sequence or, in causal mode, after the query
+// (queries aligned to the end of the keys when Sq != Sk).
+inline bool key_masked(int64_t i, int64_t j, int64_t sq, int64_t sk, bool causal) {
+  return j >= sk || (causal && j > i + (sk - sq));
+}
+
+// Decodes the E4M3 rows of one (sequence, head): codes of token t start at base + t * stride.
+// Result is [tokens, head_dim] in double, the operand type of ideal_dot.
+std::vector<double> decode_rows(const uint8_t* base, int64_t tokens, int64_t stride, int head_dim);
+
+// The "ideal accumulator" of an FP8 x FP8 dot product: every E4M3 value is a multiple of 2^-9 below
+// 2^9, so each product is a multiple of 2^-18 below 2^18 and any sum of fewer than 2^17 of them is
+// exact in double whatever the order. Rounding that exact sum once to float gives the correctly
+// rounded dot product, the best an FP32 accumulator (the tensor core's) could produce.
+float ideal_dot(const double* a, const double* b, int n);
+
+// Fast kernels for the O(S^2 D) loops; the results are those of the plain loops they replace.
+// Keys are stored in panels of kPanel keys, [nblk][kQuantBlock / kPanel][D][kPanel], zero past the
+// last token, so that eight accumulators per row stay in registers over the whole head dimension.
+inline constexpr int kPanel = 8;
+std::vector<double> key_panels(const double* rows, int64_t tokens, int head_dim);
+// acc_r[j] = sum_c q_r[c] * key_j[c] for the kQuantBlock keys of one block (panels of block b start at
+// panels + b * head_dim * kQuantBlock), for two query rows at once (q1 may equal q0). On decoded FP8
+// operands each sum is exact (see ideal_dot), whatever the order.
+void block_dots2(const double* q0, const double* q1, const double* block_panels, int head_dim, double* acc0,
+                 double* acc1);
+// acc[c] += (p[0] * v[0][c] + p[1] * v[1][c]) + (p[2] * v[2][c] + p[3] * v[3][c]) for c < head_dim.
+void axpy4(double* acc, int head_dim, const double p[4], const double* const v[4]);
+
+// Runs f(0) .. f(n - 1) over the hardware threads (each index once, any order). Used for the
+// independent (sequence, head) groups, so results never depend on the thread count. If a thread
+// cannot be started the calling thread does the remaining work: no exception leaves the library.
+void parallel_for(int n, const std::function<void(int)>& f);
+
+// Validates both sequence descriptions and that they agree on count, heads and head_dim.
+Status check_sequence_pair(const Sequences& q_seqs, const Sequences& k_seqs);
+
+}  // namespace openvc::reference::internal

@@ -1,0 +1,84 @@
+// Section 1: per-block (Q, K) and per-head (V) E4M3 quantization.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "reference/internal.h"
+
+namespace openvc::reference {
+namespace {
+
+Status check_args(const float* x, const Sequences& seqs, const void* out) {
+  OPENVC_RETURN_IF_ERROR(seqs.validate("seqs"));
+  if (out == nullptr) return Status::Invalid("out must not be null");
+  if (x == nullptr && seqs.total_tokens() > 0) {
+    return Status::Invalid("x must not be null (seqs holds " + std::to_string(seqs.total_tokens()) + " tokens)");
+  }
+  return Status::Ok();
+}
+
+// Quantizes tokens [t0, t1) of head h as one group; returns its descale and writes scale_inv.
+// x and codes are [total_tokens, H, D]. amax ignores NaN (like a GPU fmaxf reduction).
+float quantize_group(const float* x, const Sequences& seqs, int h, int64_t t0, int64_t t1, uint8_t* codes,
+                     float* scale_inv_out) {
+  const int64_t H = seqs.num_heads, D = seqs.head_dim;
+  float amax = 0.0f;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* row = x + (t * H + h) * D;
+    for (int64_t c = 0; c < D; ++c) {
+      const float a = std::fabs(row[c]);
+      if (a > amax) amax = a;
+    }
+  }
+  const float scale_inv = amax > 0.0f ? kE4M3Max / amax : 0.0f;  // one FP32 division each
+  const float descale = amax / kE4M3Max;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t base = (t * H + h) * D;
+    for (int64_t c = 0; c < D; ++c) codes[base + c] = e4m3_encode(x[base + c] * scale_inv);
+  }
+  if (scale_inv_out) *scale_inv_out = scale_inv;
+  return descale;
+}
+
+}  // namespace
+
+Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out) {
+  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  const int H = seqs.num_heads, nseq = seqs.count();
+  out->max_blocks = seqs.max_blocks();
+  out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * seqs.head_dim, 0);
+  // Zero-initialized: blocks past a shorter sequence's end keep descale 0.
+  out->descale.assign(static_cast<size_t>(nseq) * H * out->max_blocks, 0.0f);
+  for (int s = 0; s < nseq; ++s) {
+    const int64_t start = seqs.cu_seqlens[s], len = seqs.length(s);
+    const int nblk = static_cast<int>((len + kQuantBlock - 1) / kQuantBlock);
+    for (int h = 0; h < H; ++h) {
+      for (int b = 0; b < nblk; ++b) {
+        const int64_t t0 = start + static_cast<int64_t>(b) * kQuantBlock;
+        const int64_t t1 = std::min<int64_t>(t0 + kQuantBlock, start + len);  // partial final block
+        out->descale[(static_cast<size_t>(s) * H + h) * out->max_blocks + b] =
+            quantize_group(x, seqs, h, t0, t1, out->codes.data(), nullptr);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out) {
+  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  const int H = seqs.num_heads, nseq = seqs.count();
+  out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * seqs.head_dim, 0);
+  out->descale.assign(static_cast<size_t>(nseq) * H, 0.0f);
+  out->scale_inv.assign(static_cast<size_t>(nseq) * H, 0.0f);
+  for (int s = 0; s < nseq; ++s) {
+    for (int h = 0; h < H; ++h) {
+      const size_t g = static_cast<size_t>(s) * H + h;
+      out->descale[g] = quantize_group(x, seqs, h, seqs.cu_seqlens[s], seqs.cu_seqlens[s + 1], out->codes.data(),
+                                       &out->scale_inv[g]);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace openvc::reference

@@ -1,0 +1,590 @@
+// prepare_fp8 against the CPU reference (docs/numerics.md section 1): codes and descales must be
+// byte-identical. Tests that launch kernels skip, with the reason, where no compute capability 9.0
+// device is present; the argument checks run everywhere (they fail before any CUDA call).
+// Run: openvc_gpu_tests --gtest_filter='Prepare*'
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/e4m3.cuh"
+#include "openvc/attention.h"
+#include "openvc/reference.h"
+
+namespace {
+
+using openvc::DType;
+using openvc::PrepareParams;
+namespace ref = openvc::reference;
+
+// ---- device helpers ---------------------------------------------------------------------------
+
+// Empty when a compute capability 9.0 device is current, else why not.
+std::string missing_sm90() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
+  }
+  if (count == 0) return "no CUDA device";
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return "cannot query the current CUDA device";
+  }
+  if (prop.major != 9 || prop.minor != 0) {
+    return std::string("device ") + prop.name + " is compute capability " + std::to_string(prop.major) + "." +
+           std::to_string(prop.minor) + "; the kernels need 9.0 (sm_90a)";
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_SM90()                                                 \
+  do {                                                                      \
+    const std::string _why = missing_sm90();                                \
+    if (!_why.empty()) GTEST_SKIP() << "needs an sm_90a GPU: " << _why;     \
+  } while (0)
+
+#define CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
+
+// Owning device allocation.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n = 0) : bytes(n) {
+    if (n && cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() { if (p) cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+template <typename T>
+std::vector<T> download(const void* p, size_t n) {
+  std::vector<T> h(n);
+  if (cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
+  return h;
+}
+
+// ---- inputs -----------------------------------------------------------------------------------
+
+uint16_t to_bits(DType t, float x) {
+  uint16_t b;
+  if (t == DType::kBFloat16) {
+    const __nv_bfloat16 v = __float2bfloat16_rn(x);
+    std::memcpy(&b, &v, 2);
+  } else {
+    const __half v = __float2half_rn(x);
+    std::memcpy(&b, &v, 2);
+  }
+  return b;
+}
+float from_bits(DType t, uint16_t b) {
+  if (t == DType::kBFloat16) {
+    __nv_bfloat16 v;
+    std::memcpy(&v, &b, 2);
+    return __bfloat162float(v);
+  }
+  __half v;
+  std::memcpy(&v, &b, 2);
+  return __half2float(v);
+}
+
+// A logical [B, S, H, D] tensor: the 16-bit values and their exact float values.
+struct Tensor {
+  int B = 0, S = 0, H = 0, D = 0;
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+  int64_t index(int b, int s, int h, int d) const { return ((int64_t(b) * S + s) * H + h) * D + d; }
+  void set(DType t, int64_t i, float x) {
+    bits[i] = to_bits(t, x);
+    values[i] = from_bits(t, bits[i]);
+  }
+};
+
+// Fresh normal values, never zero after rounding, with about 1 in 2000 an outlier of 20 to 200.
+Tensor random_tensor(DType t, int B, int S, int H, int D, std::mt19937& rng) {
+  Tensor x{B, S, H, D, {}, {}};
+  const size_t n = size_t(B) * S * H * D;
+  x.bits.resize(n);
+  x.values.resize(n);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    do {
+      v = normal(rng);
+      if (uni(rng) < 5e-4f) v *= 20.0f + 180.0f * uni(rng);
+    } while (from_bits(t, to_bits(t, v)) == 0.0f);
+    x.set(t, int64_t(i), v);
+  }
+  return x;
+}
+
+// Strides of the device copy, in elements (all multiples of 8, as prepare_fp8 requires).
+enum class Layout { kContiguous, kPadded };
+struct Strides {
+  int64_t b, s, h;
+};
+Strides strides_of(Layout l, int S, int H, int D) {
+  if (l == Layout::kContiguous) return {int64_t(S) * H * D, int64_t(H) * D, D};
+  const int64_t sh = D + 16, ss = H * sh + 8;  // gaps between heads and tokens hold poison
+  return {S * ss + 64, ss, sh};
+}
+
+// Device copy of x with the given strides; gaps hold a huge value that would show up in any amax.
+struct DevTensor {
+  DevBuf buf;
+  Strides st;
+  DevTensor(DType t, const Tensor& x, Strides s)
+      : buf(size_t((x.B - 1) * s.b + (x.S - 1) * s.s + (x.H - 1) * s.h + x.D) * 2), st(s) {
+    std::vector<uint16_t> staging(buf.bytes / 2, to_bits(t, 30000.0f));
+    for (int b = 0; b < x.B; ++b)
+      for (int i = 0; i < x.S; ++i)
+        for (int h = 0; h < x.H; ++h)
+          std::memcpy(&staging[b * s.b + i * s.s + h * s.h], &x.bits[x.index(b, i, h, 0)], size_t(x.D) * 2);
+    if (buf.p) cudaMemcpy(buf.p, staging.data(), buf.bytes, cudaMemcpyHostToDevice);
+  }
+  openvc::TokenTensorView view() const { return {buf.p, st.b, st.s, st.h}; }
+};
+
+// ---- one problem: buffers, params, and the check against the reference -----------------------------
+
+struct Shape {
+  DType dtype;
+  int B, Sq, Sk, H, D;
+  Layout layout;
+};
+std::string shape_name(const Shape& s) {
+  std::ostringstream o;
+  o << (s.dtype == DType::kBFloat16 ? "bf16" : "f16") << "_B" << s.B << "_Sq" << s.Sq << "_Sk" << s.Sk << "_H"
+    << s.H << "_D" << s.D << (s.layout == Layout::kPadded ? "_strided" : "");
+  return o.str();
+}
+
+struct Outputs {
+  std::vector<uint8_t> q_codes, k_codes, v_packed;
+  std::vector<float> q_descale, k_descale, v_descale;
+};
+
+struct Problem {
+  Shape sh;
+  int nq, nk;
+  int64_t sk_pad;
+  DevBuf q_codes, k_codes, v_packed, q_descale, k_descale, v_descale, workspace;
+  PrepareParams params;
+
+  explicit Problem(const Shape& s)
+      : sh(s),
+        nq(int(openvc::num_quant_blocks(s.Sq))),
+        nk(int(openvc::num_quant_blocks(s.Sk))),
+        sk_pad(openvc::packed_seqlen_k(s.Sk)),
+        q_codes(size_t(s.B) * s.Sq * s.H * s.D),
+        k_codes(size_t(s.B) * s.Sk * s.H * s.D),
+        v_packed(size_t(s.B) * s.H * s.D * sk_pad),
+        q_descale(size_t(s.B) * s.H * nq * 4),
+        k_descale(size_t(s.B) * s.H * nk * 4),
+        v_descale(size_t(s.B) * s.H * 4),
+        workspace(openvc::prepare_workspace_bytes(s.B, s.H)) {
+    params.dtype = s.dtype;
+    params.batch = s.B;
+    params.seqlen_q = s.Sq;
+    params.seqlen_k = s.Sk;
+    params.heads = s.H;
+    params.head_dim = s.D;
+    params.q_codes = q_codes.as<uint8_t>();
+    params.k_codes = k_codes.as<uint8_t>();
+    params.v_packed = v_packed.as<uint8_t>();
+    params.q_descale = q_descale.as<float>();
+    params.k_descale = k_descale.as<float>();
+    params.v_descale = v_descale.as<float>();
+    params.workspace = workspace.p;
+    params.workspace_bytes = workspace.bytes;
+  }
+  bool allocated() const {
+    return q_codes.p && k_codes.p && v_packed.p && q_descale.p && k_descale.p && v_descale.p && workspace.p;
+  }
+  // 0xAB everywhere, the workspace too: the kernels must write every output byte and zero the
+  // V amax slots themselves.
+  void poison(cudaStream_t st) const {
+    for (const DevBuf* b : {&q_codes, &k_codes, &v_packed, &q_descale, &k_descale, &v_descale, &workspace})
+      cudaMemsetAsync(b->p, 0xAB, b->bytes, st);
+  }
+  Outputs read() const {
+    return {download<uint8_t>(q_codes.p, q_codes.bytes),     download<uint8_t>(k_codes.p, k_codes.bytes),
+            download<uint8_t>(v_packed.p, v_packed.bytes),   download<float>(q_descale.p, q_descale.bytes / 4),
+            download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
+  }
+};
+
+std::string hex(unsigned v) {
+  std::ostringstream o;
+  o << "0x" << std::hex << v;
+  return o.str();
+}
+
+// Byte comparison of token-major codes [B, S, H, D]; reports the count and the first difference.
+void expect_codes(const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                  const Tensor& x) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = int64_t(i);
+  if (bad == 0) return;
+  const int64_t d = first % x.D, h = first / x.D % x.H, s = first / (int64_t(x.D) * x.H) % x.S,
+                b = first / (int64_t(x.D) * x.H * x.S);
+  ADD_FAILURE() << what << ": " << bad << " of " << got.size() << " codes differ; first at b=" << b << " s=" << s
+                << " h=" << h << " d=" << d << " (x=" << x.values[first] << "): got " << hex(got[first])
+                << ", reference " << hex(want[first]);
+}
+
+// Bitwise comparison of descales.
+void expect_floats(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      uint32_t g, w;
+      std::memcpy(&g, &got[i], 4);
+      std::memcpy(&w, &want[i], 4);
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " (" << hex(g) << "), reference " << want[i] << " ("
+                    << hex(w) << ")";
+      return;
+    }
+  }
+}
+
+// v_packed [B, H, D, Sk_pad]: column 16G + kappa holds key 16G + kPackedKeyOrder[kappa]; padding 0.
+void expect_packed(const std::vector<uint8_t>& got, const std::vector<uint8_t>& ref_codes, const Shape& s,
+                   int64_t sk_pad) {
+  ASSERT_EQ(got.size(), size_t(s.B) * s.H * s.D * sk_pad);
+  int64_t bad = 0;
+  std::string first;
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.H; ++h)
+      for (int d = 0; d < s.D; ++d)
+        for (int64_t col = 0; col < sk_pad; ++col) {
+          const int64_t key = col / 16 * 16 + openvc::kPackedKeyOrder[col % 16];
+          const uint8_t want = key < s.Sk ? ref_codes[((int64_t(b) * s.Sk + key) * s.H + h) * s.D + d] : 0;
+          const uint8_t g = got[((int64_t(b) * s.H + h) * s.D + d) * sk_pad + col];
+          if (g != want && bad++ == 0) {
+            first = "b=" + std::to_string(b) + " h=" + std::to_string(h) + " d=" + std::to_string(d) +
+                    " column=" + std::to_string(col) + " (key " + std::to_string(key) + "): got " + hex(g) +
+                    ", reference " + hex(want);
+          }
+        }
+  if (bad) ADD_FAILURE() << "v_packed: " << bad << " of " << got.size() << " bytes differ; first at " << first;
+}
+
+void expect_matches_reference(const Shape& s, int64_t sk_pad, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Outputs& out) {
+  const auto qs = ref::Sequences::Batched(s.B, s.Sq, s.H, s.D);
+  const auto ks = ref::Sequences::Batched(s.B, s.Sk, s.H, s.D);
+  ref::BlockQuantized rq, rk;
+  ref::HeadQuantized rv;
+  ASSERT_TRUE(ref::quantize_blocks(q.values.data(), qs, &rq).ok());
+  ASSERT_TRUE(ref::quantize_blocks(k.values.data(), ks, &rk).ok());
+  ASSERT_TRUE(ref::quantize_heads(v.values.data(), ks, &rv).ok());
+  expect_codes("q_codes", out.q_codes, rq.codes, q);
+  expect_codes("k_codes", out.k_codes, rk.codes, k);
+  expect_floats("q_descale", out.q_descale, rq.descale);
+  expect_floats("k_descale", out.k_descale, rk.descale);
+  expect_floats("v_descale", out.v_descale, rv.descale);
+  expect_packed(out.v_packed, rv.codes, s, sk_pad);
+}
+
+// Uploads q/k/v with the shape's layout, runs prepare_fp8 on `stream` (poisoned outputs), reads back.
+struct Inputs {
+  Tensor q, k, v;
+};
+Inputs random_inputs(const Shape& s, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Inputs in;
+  in.q = random_tensor(s.dtype, s.B, s.Sq, s.H, s.D, rng);
+  in.k = random_tensor(s.dtype, s.B, s.Sk, s.H, s.D, rng);
+  in.v = random_tensor(s.dtype, s.B, s.Sk, s.H, s.D, rng);
+  return in;
+}
+
+void run_and_check(const Shape& s, const Inputs& in, cudaStream_t stream) {
+  Problem p(s);
+  ASSERT_TRUE(p.allocated()) << "cudaMalloc failed";
+  DevTensor dq(s.dtype, in.q, strides_of(s.layout, s.Sq, s.H, s.D));
+  DevTensor dk(s.dtype, in.k, strides_of(s.layout, s.Sk, s.H, s.D));
+  DevTensor dv(s.dtype, in.v, strides_of(s.layout, s.Sk, s.H, s.D));
+  ASSERT_TRUE(dq.buf.p && dk.buf.p && dv.buf.p) << "cudaMalloc failed";
+  p.params.q = dq.view();
+  p.params.k = dk.view();
+  p.params.v = dv.view();
+  p.poison(stream);
+  const openvc::Status st = openvc::prepare_fp8(p.params, stream);
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  expect_matches_reference(s, p.sk_pad, in.q, in.k, in.v, p.read());
+}
+
+// ---- shapes -----------------------------------------------------------------------------------
+
+class PrepareShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(PrepareShapes, ByteIdenticalToReference) {
+  SKIP_WITHOUT_SM90();
+  const Shape s = GetParam();
+  run_and_check(s, random_inputs(s, uint32_t(s.B * 7919 + s.Sq * 31 + s.Sk * 17 + s.H * 3 + s.D)), 0);
+}
+
+std::vector<Shape> all_shapes() {
+  std::vector<Shape> v;
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (int D : {128, 64})
+      for (int B : {1, 2})
+        for (int H : {1, 3})
+          for (int S : {1, 127, 128, 1000, 4097}) v.push_back({t, B, S, S, H, D, Layout::kContiguous});
+  // Sq != Sk, and strided (padded) views.
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    v.push_back({t, 2, 1000, 4097, 3, 128, Layout::kContiguous});
+    v.push_back({t, 1, 4097, 129, 2, 64, Layout::kContiguous});
+    v.push_back({t, 2, 1000, 300, 3, 128, Layout::kPadded});
+    v.push_back({t, 1, 255, 257, 2, 64, Layout::kPadded});
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Prepare, PrepareShapes, ::testing::ValuesIn(all_shapes()),
+                         [](const ::testing::TestParamInfo<Shape>& i) { return shape_name(i.param); });
+
+// ---- special inputs ---------------------------------------------------------------------------
+
+class PrepareSpecial : public ::testing::TestWithParam<DType> {};
+
+// All-zero groups: Q block 1 of head 1, K's partial last block of head 0, all of V head 1. Some
+// zeros are -0.0 (code 0x80: the sign survives the multiply by scale_inv = 0).
+TEST_P(PrepareSpecial, ZeroGroups) {
+  SKIP_WITHOUT_SM90();
+  const Shape s{GetParam(), 1, 300, 300, 2, 128, Layout::kContiguous};
+  Inputs in = random_inputs(s, 11);
+  for (int i = 128; i < 256; ++i)
+    for (int d = 0; d < s.D; ++d) in.q.set(s.dtype, in.q.index(0, i, 1, d), d % 7 ? 0.0f : -0.0f);
+  for (int i = 256; i < 300; ++i)
+    for (int d = 0; d < s.D; ++d) in.k.set(s.dtype, in.k.index(0, i, 0, d), 0.0f);
+  for (int i = 0; i < 300; ++i)
+    for (int d = 0; d < s.D; ++d) in.v.set(s.dtype, in.v.index(0, i, 1, d), i % 5 ? 0.0f : -0.0f);
+  run_and_check(s, in, 0);
+}
+
+// NaN and infinities follow the reference: NaN is ignored by amax and encodes as 0x7F; an infinite
+// amax gives scale_inv 0, so finite values of that group become +-0 and the infinity NaN.
+TEST_P(PrepareSpecial, NonFinite) {
+  SKIP_WITHOUT_SM90();
+  const Shape s{GetParam(), 1, 200, 200, 2, 64, Layout::kContiguous};
+  Inputs in = random_inputs(s, 12);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  in.q.set(s.dtype, in.q.index(0, 5, 0, 3), nan);
+  in.q.set(s.dtype, in.q.index(0, 150, 1, 60), -nan);
+  in.k.set(s.dtype, in.k.index(0, 7, 1, 0), inf);
+  in.k.set(s.dtype, in.k.index(0, 130, 0, 9), -inf);
+  in.v.set(s.dtype, in.v.index(0, 42, 0, 1), nan);
+  in.v.set(s.dtype, in.v.index(0, 199, 1, 63), -inf);
+  run_and_check(s, in, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Prepare, PrepareSpecial, ::testing::Values(DType::kBFloat16, DType::kFloat16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(i.param == DType::kBFloat16 ? "bf16" : "f16");
+                         });
+
+// ---- CUDA graph and non-default stream ---------------------------------------------------------
+
+// prepare_fp8 captured once, replayed after the inputs changed, must equal an eager call on a
+// non-default stream and the reference of the new inputs.
+TEST(PrepareGraph, ReplayMatchesEagerAndReference) {
+  SKIP_WITHOUT_SM90();
+  const Shape s{DType::kBFloat16, 2, 1000, 777, 3, 128, Layout::kPadded};
+  Problem p(s);
+  ASSERT_TRUE(p.allocated());
+  const Inputs first = random_inputs(s, 21), second = random_inputs(s, 22);
+  DevTensor dq(s.dtype, first.q, strides_of(s.layout, s.Sq, s.H, s.D));
+  DevTensor dk(s.dtype, first.k, strides_of(s.layout, s.Sk, s.H, s.D));
+  DevTensor dv(s.dtype, first.v, strides_of(s.layout, s.Sk, s.H, s.D));
+  p.params.q = dq.view();
+  p.params.k = dk.view();
+  p.params.v = dv.view();
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const openvc::Status st = openvc::prepare_fp8(p.params, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  // New contents in the same buffers, then replay.
+  DevTensor nq(s.dtype, second.q, dq.st), nk(s.dtype, second.k, dk.st), nv(s.dtype, second.v, dv.st);
+  CUDA_OK(cudaMemcpy(dq.buf.p, nq.buf.p, dq.buf.bytes, cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaMemcpy(dk.buf.p, nk.buf.p, dk.buf.bytes, cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaMemcpy(dv.buf.p, nv.buf.p, dv.buf.bytes, cudaMemcpyDeviceToDevice));
+  p.poison(stream);
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const Outputs replayed = p.read();
+
+  p.poison(stream);
+  const openvc::Status st2 = openvc::prepare_fp8(p.params, stream);
+  ASSERT_TRUE(st2.ok()) << st2.message();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const Outputs eager = p.read();
+
+  EXPECT_TRUE(replayed.q_codes == eager.q_codes && replayed.k_codes == eager.k_codes &&
+              replayed.v_packed == eager.v_packed && replayed.q_descale == eager.q_descale &&
+              replayed.k_descale == eager.k_descale && replayed.v_descale == eager.v_descale)
+      << "graph replay differs from the eager call";
+  expect_matches_reference(s, p.sk_pad, second.q, second.k, second.v, eager);
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// ---- the encoder alone --------------------------------------------------------------------------
+
+__global__ void encode_kernel(const float* x, uint8_t* out, int n) {
+  const int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+  if (i + 3 < n) {
+    const uint32_t w = openvc::detail::e4m3_encode4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+    *reinterpret_cast<uint32_t*>(out + i) = w;  // i is a multiple of 4
+  }
+}
+
+// detail::e4m3_encode4 against reference::e4m3_encode: special values, every bf16 and f16 value,
+// the midpoints of neighbouring codes and their neighbours (round-half-even), and a float sweep.
+TEST(PrepareE4m3, EncoderMatchesReference) {
+  SKIP_WITHOUT_SM90();
+  std::vector<float> x;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {0.0f, 448.0f, 464.0f, std::nextafter(464.0f, 0.0f), std::nextafter(464.0f, inf), 480.0f,
+                  1e30f, inf, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(),
+                  std::numeric_limits<float>::denorm_min(), 0x1p-10f, 0x1p-9f, 3 * 0x1p-10f, 0x1p-6f}) {
+    x.push_back(v);
+    x.push_back(-v);
+  }
+  for (uint32_t b = 0; b < 65536; ++b) {
+    x.push_back(from_bits(DType::kBFloat16, uint16_t(b)));
+    x.push_back(from_bits(DType::kFloat16, uint16_t(b)));
+  }
+  for (int c = 0; c < 0x7E; ++c) {
+    const float mid = 0.5f * (ref::e4m3_decode(uint8_t(c)) + ref::e4m3_decode(uint8_t(c + 1)));
+    for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, inf)}) {
+      x.push_back(v);
+      x.push_back(-v);
+    }
+  }
+  for (uint64_t b = 0; b < (1ull << 32); b += 997) {
+    float v;
+    const uint32_t u = uint32_t(b);
+    std::memcpy(&v, &u, 4);
+    x.push_back(v);
+  }
+  while (x.size() % 4) x.push_back(0.0f);
+  const int n = int(x.size());
+  DevBuf dx(x.size() * 4), dout(x.size());
+  ASSERT_TRUE(dx.p && dout.p);
+  CUDA_OK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  encode_kernel<<<(n / 4 + 255) / 256, 256>>>(dx.as<float>(), dout.as<uint8_t>(), n);
+  CUDA_OK(cudaGetLastError());
+  const auto got = download<uint8_t>(dout.p, x.size());
+  ASSERT_EQ(got.size(), x.size());
+  int bad = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint8_t want = ref::e4m3_encode(x[i]);
+    if (got[i] != want && bad++ < 5) {
+      uint32_t u;
+      std::memcpy(&u, &x[i], 4);
+      ADD_FAILURE() << "e4m3(" << x[i] << " = " << hex(u) << "): got " << hex(got[i]) << ", reference " << hex(want);
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << n << " values";
+}
+
+// ---- argument checks (no device needed: they fail before any CUDA call) -------------------------
+
+// A fully valid parameter set over fake, aligned addresses; each test breaks one field.
+PrepareParams valid_params() {
+  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  PrepareParams p;
+  p.batch = 1;
+  p.seqlen_q = p.seqlen_k = 256;
+  p.heads = 2;
+  p.head_dim = 128;
+  p.q = {fake(0x10000), 256 * 2 * 128, 2 * 128, 128};
+  p.k = p.v = p.q;
+  p.q_codes = static_cast<uint8_t*>(fake(0x20000));
+  p.k_codes = static_cast<uint8_t*>(fake(0x30000));
+  p.v_packed = static_cast<uint8_t*>(fake(0x40000));
+  p.q_descale = static_cast<float*>(fake(0x50000));
+  p.k_descale = static_cast<float*>(fake(0x60000));
+  p.v_descale = static_cast<float*>(fake(0x70000));
+  p.workspace = fake(0x80000);
+  p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2);
+  return p;
+}
+
+void expect_rejected(const PrepareParams& p, openvc::StatusCode code, const std::string& names) {
+  const openvc::Status st = openvc::prepare_fp8(p, nullptr);
+  EXPECT_EQ(int(st.code()), int(code)) << st.message();
+  EXPECT_NE(st.message().find(names), std::string::npos) << "message should name " << names << ": " << st.message();
+}
+
+TEST(PrepareArgs, RejectsBadParameters) {
+  using openvc::StatusCode;
+  PrepareParams p = valid_params();
+  p.head_dim = 96;
+  expect_rejected(p, StatusCode::kUnsupported, "head_dim");
+  p = valid_params();
+  p.batch = 0;
+  expect_rejected(p, StatusCode::kInvalidArgument, "batch");
+  p = valid_params();
+  p.seqlen_k = -3;
+  expect_rejected(p, StatusCode::kInvalidArgument, "seqlen_k");
+  p = valid_params();
+  p.k.data = nullptr;
+  expect_rejected(p, StatusCode::kInvalidArgument, "k.data");
+  p = valid_params();
+  p.v.data = reinterpret_cast<void*>(0x10008);
+  expect_rejected(p, StatusCode::kInvalidArgument, "v.data");
+  p = valid_params();
+  p.q.stride_seq = 2 * 128 + 4;
+  expect_rejected(p, StatusCode::kInvalidArgument, "q.stride_seq");
+  p = valid_params();
+  p.k_codes = nullptr;
+  expect_rejected(p, StatusCode::kInvalidArgument, "k_codes");
+  p = valid_params();
+  p.v_descale = nullptr;
+  expect_rejected(p, StatusCode::kInvalidArgument, "v_descale");
+  p = valid_params();
+  p.workspace_bytes = 4;
+  expect_rejected(p, StatusCode::kInvalidArgument, "workspace_bytes");
+  p = valid_params();
+  p.dtype = static_cast<DType>(7);
+  expect_rejected(p, StatusCode::kInvalidArgument, "dtype");
+}
+
+TEST(PrepareArgs, WorkspaceBytes) {
+  EXPECT_EQ(openvc::prepare_workspace_bytes(0, 4), 0u);
+  EXPECT_GE(openvc::prepare_workspace_bytes(2, 56), 2u * 56u * 4u);
+  EXPECT_EQ(openvc::prepare_workspace_bytes(2, 56) % 16, 0u);
+}
+
+}  // namespace

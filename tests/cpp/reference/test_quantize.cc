@@ -1,0 +1,155 @@
+// Quantization (numerics section 1): block groups for Q/K, head groups for V, edge cases, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "openvc/reference.h"
+#include "test_inputs.h"
+
+namespace openvc::reference {
+namespace {
+
+std::vector<float> random_tokens(const Sequences& s, uint32_t seed, float scale, bool bf16) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, scale);
+  std::vector<float> x(static_cast<size_t>(s.total_tokens()) * s.num_heads * s.head_dim);
+  for (float& v : x) v = bf16 ? round_to_bf16(g(rng)) : testing::round_to_fp16(g(rng));
+  return x;
+}
+
+// Checks one group against the contract: amax over exactly these tokens, single FP32 divisions,
+// code = RNE E4M3 of x * scale_inv, and the reconstruction within E4M3's half-ulp.
+void expect_group(const float* x, const uint8_t* codes, const Sequences& s, int h, int t0, int t1, float descale) {
+  const int H = s.num_heads, D = s.head_dim;
+  float amax = 0;
+  for (int t = t0; t < t1; ++t)
+    for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(x[(static_cast<size_t>(t) * H + h) * D + c]));
+  ASSERT_EQ(descale, amax / 448.0f) << "tokens [" << t0 << ", " << t1 << ") head " << h;
+  const float scale_inv = amax > 0 ? 448.0f / amax : 0.0f;
+  for (int t = t0; t < t1; ++t) {
+    for (int c = 0; c < D; ++c) {
+      const size_t i = (static_cast<size_t>(t) * H + h) * D + c;
+      ASSERT_EQ(codes[i], e4m3_encode(x[i] * scale_inv)) << "token " << t << " channel " << c;
+      const float recon = descale * e4m3_decode(codes[i]);
+      const float bound = std::max(std::fabs(x[i]) * 0x1p-4f, descale * 0x1p-10f) * 1.0001f;
+      ASSERT_LE(std::fabs(recon - x[i]), bound) << "token " << t << " channel " << c;
+    }
+  }
+}
+
+TEST(Quantize, AllZeroGroup) {
+  const Sequences s = Sequences::Batched(1, 200, 2, 16);
+  std::vector<float> x = random_tokens(s, 1, 1.0f, true);
+  for (int t = 0; t < 128; ++t)
+    for (int c = 0; c < 16; ++c) x[(t * 2 + 1) * 16 + c] = 0.0f;  // head 1, block 0
+  BlockQuantized q;
+  ASSERT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+  EXPECT_EQ(q.descale[1 * 2 + 0], 0.0f);
+  EXPECT_GT(q.descale[1 * 2 + 1], 0.0f);
+  for (int t = 0; t < 128; ++t)
+    for (int c = 0; c < 16; ++c) EXPECT_EQ(q.codes[(t * 2 + 1) * 16 + c], 0);
+  std::vector<float> zeros(200 * 2 * 16, 0.0f);
+  HeadQuantized v;
+  ASSERT_TRUE(quantize_heads(zeros.data(), s, &v).ok());
+  EXPECT_EQ(v.descale, (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(v.scale_inv, (std::vector<float>{0.0f, 0.0f}));
+  for (uint8_t c : v.codes) EXPECT_EQ(c, 0);
+}
+
+TEST(Quantize, OneHugeValue) {
+  const Sequences s = Sequences::Batched(1, 128, 1, 32);
+  std::vector<float> x(128 * 32, 1.0f);
+  x[77 * 32 + 5] = -12288.0f;
+  BlockQuantized q;
+  ASSERT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+  EXPECT_EQ(q.descale[0], 12288.0f / 448.0f);
+  EXPECT_EQ(q.codes[77 * 32 + 5], 0xFE);  // -448
+  const uint8_t small = e4m3_encode(1.0f * (448.0f / 12288.0f));  // 0.03646 -> 0.03515625 = 2^-5 * 1.125
+  EXPECT_EQ(e4m3_decode(small), 0.03515625f);
+  EXPECT_EQ(q.codes[0], small);
+  EXPECT_EQ(q.codes[127 * 32 + 31], small);
+  expect_group(x.data(), q.codes.data(), s, 0, 0, 128, q.descale[0]);
+}
+
+TEST(Quantize, PartialFinalBlockAndBf16Fp16Inputs) {
+  for (bool bf16 : {true, false}) {
+    const Sequences s = Sequences::Batched(1, 300, 3, 64);
+    std::vector<float> x = random_tokens(s, 2, 0.7f, bf16);
+    x[(250 * 3 + 0) * 64 + 3] = 40.0f;  // in block 1 only: must not leak into block 2
+    BlockQuantized q;
+    ASSERT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+    ASSERT_EQ(q.max_blocks, 3);
+    ASSERT_EQ(q.descale.size(), 9u);
+    ASSERT_EQ(q.codes.size(), x.size());
+    EXPECT_EQ(q.descale[0 * 3 + 1], 40.0f / 448.0f);
+    EXPECT_LT(q.descale[0 * 3 + 2], 10.0f / 448.0f);
+    for (int h = 0; h < 3; ++h)
+      for (int b = 0; b < 3; ++b)
+        expect_group(x.data(), q.codes.data(), s, h, b * 128, std::min(300, b * 128 + 128), q.descale[h * 3 + b]);
+    HeadQuantized v;
+    ASSERT_TRUE(quantize_heads(x.data(), s, &v).ok());
+    EXPECT_EQ(v.descale[0], 40.0f / 448.0f);
+    EXPECT_EQ(v.scale_inv[0], 448.0f / 40.0f);
+    for (int h = 0; h < 3; ++h) expect_group(x.data(), v.codes.data(), s, h, 0, 300, v.descale[h]);
+  }
+}
+
+TEST(Quantize, GroupsDoNotSpanSequences) {
+  // Three packed sequences of different lengths and magnitudes.
+  Sequences s;
+  s.cu_seqlens = {0, 130, 200, 456};
+  s.num_heads = 2;
+  s.head_dim = 8;
+  std::vector<float> x = random_tokens(s, 3, 1.0f, true);
+  for (int t = 130; t < 200; ++t)
+    for (int c = 0; c < 16; ++c) x[t * 16 + c] = round_to_bf16(x[t * 16 + c] * 100.0f);  // sequence 1 is large
+  BlockQuantized q;
+  ASSERT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+  ASSERT_EQ(q.max_blocks, 2);  // ceil(256 / 128)
+  for (int h = 0; h < 2; ++h) {
+    // Sequence 0: block 0 = tokens [0, 128), block 1 = the 2 tokens [128, 130).
+    expect_group(x.data(), q.codes.data(), s, h, 0, 128, q.descale[(0 * 2 + h) * 2 + 0]);
+    expect_group(x.data(), q.codes.data(), s, h, 128, 130, q.descale[(0 * 2 + h) * 2 + 1]);
+    // Sequence 1: one 70-token block; its second block does not exist and has descale 0.
+    expect_group(x.data(), q.codes.data(), s, h, 130, 200, q.descale[(1 * 2 + h) * 2 + 0]);
+    EXPECT_EQ(q.descale[(1 * 2 + h) * 2 + 1], 0.0f);
+    EXPECT_GT(q.descale[(1 * 2 + h) * 2 + 0], 30 * q.descale[(0 * 2 + h) * 2 + 0]);
+    expect_group(x.data(), q.codes.data(), s, h, 200, 328, q.descale[(2 * 2 + h) * 2 + 0]);
+    expect_group(x.data(), q.codes.data(), s, h, 328, 456, q.descale[(2 * 2 + h) * 2 + 1]);
+    // V: one group per (sequence, head).
+    HeadQuantized v;
+    ASSERT_TRUE(quantize_heads(x.data(), s, &v).ok());
+    for (int b = 0; b < 3; ++b) {
+      const int t0 = s.cu_seqlens[b], t1 = s.cu_seqlens[b + 1];
+      expect_group(x.data(), v.codes.data(), s, h, t0, t1, v.descale[b * 2 + h]);
+    }
+  }
+}
+
+TEST(Quantize, BadArgumentsNameTheArgument) {
+  Sequences s = Sequences::Batched(1, 10, 2, 0);
+  std::vector<float> x(10 * 2 * 4, 1.0f);
+  BlockQuantized q;
+  Status st = quantize_blocks(x.data(), s, &q);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("head_dim must be > 0, got 0"), std::string::npos) << st.message();
+  s.head_dim = 4;
+  s.num_heads = -1;
+  st = quantize_blocks(x.data(), s, &q);
+  EXPECT_NE(st.message().find("num_heads"), std::string::npos) << st.message();
+  s.num_heads = 2;
+  s.cu_seqlens = {0, 8, 4};
+  st = quantize_heads(x.data(), s, nullptr);
+  EXPECT_NE(st.message().find("cu_seqlens"), std::string::npos) << st.message();
+  s.cu_seqlens = {1, 10};
+  EXPECT_NE(quantize_blocks(x.data(), s, &q).message().find("cu_seqlens[0]"), std::string::npos);
+  s.cu_seqlens = {0, 10};
+  EXPECT_NE(quantize_blocks(nullptr, s, &q).message().find("x must not be null"), std::string::npos);
+  EXPECT_NE(quantize_blocks(x.data(), s, nullptr).message().find("out must not be null"), std::string::npos);
+  EXPECT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+}
+
+}  // namespace
+}  // namespace openvc::reference
