@@ -1,7 +1,7 @@
 // _openvc_ext: the CPU reference of docs/numerics.md for Python (numpy in, numpy out).
 // Thin on purpose: argument checking with readable messages lives in open_vc_attn/reference.py; here a
 // non-ok Status becomes ValueError (InvalidArgument) or RuntimeError, and long calls drop the GIL.
-// The GPU entry points (openvc/attention.h) are not bound yet.
+// The GPU entry points (openvc/attention.h) are registered by register_gpu() in gpu.cc.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -23,6 +23,8 @@
 
 namespace nb = nanobind;
 namespace ref = openvc::reference;
+
+void register_gpu(nb::module_& m);  // gpu.cc
 
 namespace {
 
@@ -340,4 +342,5 @@ NB_MODULE(_openvc_ext, m) {
         nb::arg("cu_seqlens_k") = nb::none(), nb::arg("softmax_scale") = 0.0f, nb::arg("query_tile") = 128,
         nb::arg("key_tile") = 128, nb::arg("causal") = false);
   m.def("compare", &compare, nb::arg("out"), nb::arg("ref"));
+  register_gpu(m);
 }

@@ -1,7 +1,9 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants]
+// With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
+// with one stage removed or doubled (src/attention/sm90/config.h: KernelVariant), interleaved.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -11,6 +13,11 @@
 #include <vector>
 
 #include "openvc/attention.h"
+#ifdef OPENVC_BENCH_VARIANTS
+#include <string>
+
+#include "attention/sm90/launch.cuh"
+#endif
 
 #define CHECK_CUDA(x)                                                                  \
   do {                                                                                 \
@@ -131,5 +138,26 @@ int main(int argc, char** argv) {
   std::printf("S=%d H=%d B=%d w=%d: attention %.3f ms %.1f TFLOP/s | prepare %.3f ms | complete %.3f ms "
               "(+%.2f%% over attention)\n",
               S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, t_full, 100.0 * (t_full / t_attn - 1.0));
+#ifdef OPENVC_BENCH_VARIANTS
+  if (argc > 6 && std::string(argv[6]) == "variants") {
+    using namespace openvc::sm90;
+    struct V {
+      const char* name;
+      openvc::Status (*launch)(const openvc::AttentionParams&, cudaStream_t);
+    };
+    const V variants[] = {{"production", launch_expcast_attention<kProduction>},
+                          {"skip max", launch_expcast_attention<kSkipMax>},
+                          {"skip convert", launch_expcast_attention<kSkipConvert>},
+                          {"skip fp32 accumulate", launch_expcast_attention<kSkipAccumulate>},
+                          {"skip max+convert+accumulate", launch_expcast_attention<kSkipMax | kSkipConvert | kSkipAccumulate>},
+                          {"double convert", launch_expcast_attention<kDoubleConvert>},
+                          {"double max", launch_expcast_attention<kDoubleMax>}};
+    for (const V& var : variants) {
+      const float t = graph_median_ms([&] { CHECK_OK(var.launch(ap, s)); }, s, rounds, reps);
+      std::printf("  variant %-28s %.3f ms %.1f TFLOP/s (%+.1f%% time vs production)\n", var.name, t,
+                  flop / t * 1e-9, 100.0 * (t / t_attn - 1.0));
+    }
+  }
+#endif
   return 0;
 }

@@ -17,7 +17,6 @@ inline constexpr int kQuantBlock = 128;   // tokens per Q/K scale group
 inline constexpr float kE4M3Max = 448.0f;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kCodeBias = 119.65f;     // 8*8 + 56 + beta, beta = -0.35
-inline constexpr float kHalfCodeOffset = 1024.0f;  // f16 spacing is 1 in [1024, 2048)
 inline constexpr uint8_t kMaxCode = 120;        // 0x78 = 256.0 = 2^8 * exp(0)
 
 // ---- E4M3 (FN variant: no infinities, 0x7F/0xFF are NaN, max finite 448) -------------------------
@@ -61,8 +60,8 @@ Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out)
 float expcast_multiplier(float softmax_scale, float descale_q, float descale_k);
 // The byte the kernel writes for accumulator `acc` with multiplier `a` while the row's running max
 // in code units (max over visited keys of fl(acc * a)) is `row_max`:
-//   x = fmaf(acc, a, (119.65f + 1024.0f) - row_max);  code = clamp(rne(x) - 1024, 0, 120)
-// A NaN or -inf x gives code 0 (the kernel's half max against 1024 does the same).
+//   x = fmaf(acc, a, 119.65f - row_max);  code = clamp(rne(x), 0, 120)   (rne: ties to even)
+// A NaN or -inf x gives code 0 (the kernel's relu conversion does the same).
 uint8_t expcast_code(float acc, float a, float row_max);
 
 // ---- Section 5: traversal -----------------------------------------------------------------------

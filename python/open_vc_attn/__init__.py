@@ -4,16 +4,21 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
 - ``open_vc_attn.reference``: the CPU reference (numpy in, numpy out), backed by the C++ oracle.
 - ``open_vc_attn.video_inputs``: a deterministic synthetic video-like Q/K/V generator (pure numpy).
 - ``open_vc_attn.cli``: command-line tools (``open-vc-attn-check``).
-GPU functions (torch tensors in, torch imported lazily) are not part of this version yet.
+- GPU functions on torch CUDA tensors (Hopper, sm_90a), defined in ``open_vc_attn.api``:
+  :func:`attention`, :func:`prepare_fp8`, :func:`attention_fp8` and :class:`PreparedFP8`. They import
+  torch when called, not before; their custom ops live in ``open_vc_attn.ops`` (imports torch).
 """
 from __future__ import annotations
 
 import importlib
 
+from .api import PreparedFP8, attention, attention_fp8, prepare_fp8  # torch-free until called
+
 __version__ = "0.1.0"
 
-_SUBMODULES = ("reference", "video_inputs", "cli")
-__all__ = ["__version__", *_SUBMODULES]
+_SUBMODULES = ("reference", "video_inputs", "cli", "ops")
+# Not "ops": a star import must not pull in torch.
+__all__ = ["__version__", "attention", "prepare_fp8", "attention_fp8", "PreparedFP8", *_SUBMODULES[:-1]]
 
 
 def __getattr__(name):

@@ -171,7 +171,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         }
         while (pv_p.size() % 4 != 0) {  // pad to groups of four with zero weights
           pv_p.push_back(0.0);
-          pv_v.push_back(pv_v.empty() ? &V[j0 * D] : pv_v.back());
+          pv_v.push_back(pv_v.back());
         }
         for (size_t k = 0; k < pv_p.size(); k += 4) internal::axpy4(st.A, D, &pv_p[k], &pv_v[k]);
       };

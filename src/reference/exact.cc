@@ -47,7 +47,7 @@ void exact_group(const float* q, const float* k, const float* v, const Sequences
     int64_t jmax = 0;
     for (int r = 0; r < rows; ++r) {
       const int64_t i = i0 + r, jv = causal ? std::clamp<int64_t>(i + (sk - sq) + 1, 0, sk) : sk;
-      double* wr = &w[r * stride];
+      double* wr = w.data() + r * stride;
       m[r] = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < jv; ++j) {
         wr[j] *= tau;

@@ -15,16 +15,15 @@ float expcast_multiplier(float softmax_scale, float descale_q, float descale_k) 
 }
 
 uint8_t expcast_code(float acc, float a, float row_max) {
-  // The bias is one FP32 constant (kCodeBias + kHalfCodeOffset rounds to 1143.65f) minus the max, one
-  // FP32 subtraction, as the kernel forms b_i once per row; then a single FMA per score.
-  const float bias = (kCodeBias + kHalfCodeOffset) - row_max;
+  // One FP32 subtraction forms the row's addend b = 119.65 - row_max (the kernel does it once per
+  // row), then one FMA per score, then round half to even to an integer and the clip to [0, 120].
+  // The kernel evaluates the same FMA scaled by 2^-24 (exact: a power of two) and lets the
+  // round-to-nearest-even conversion to an f16 subnormal (spacing 2^-24) do the integer rounding,
+  // with relu for the clip at 0; NaN and -inf give 0 there too.
+  const float bias = kCodeBias - row_max;
   const float x = std::fmaf(acc, a, bias);
-  // The kernel clips with a half max against 1024, which also catches NaN and -inf.
-  if (std::isnan(x) || x < kHalfCodeOffset) return 0;
-  // In [1024, 2048) the f16 spacing is exactly 1, so the kernel's cvt.rn.f16 (round to nearest even)
-  // is the same as rounding x to an integer with ties to even, which std::nearbyint does in the
-  // default rounding mode. Above 2048 f16 rounding differs but every such x clips to 120 anyway.
-  const float c = std::min(std::nearbyint(x) - kHalfCodeOffset, static_cast<float>(kMaxCode));
+  if (std::isnan(x) || x <= 0.0f) return 0;
+  const float c = std::min(std::nearbyint(x), static_cast<float>(kMaxCode));  // default mode: ties to even
   return static_cast<uint8_t>(c);
 }
 

@@ -49,7 +49,8 @@ def qkv():
 def test_import_is_lazy_and_torch_free():
     code = ("import sys, open_vc_attn as p; p.reference; p.video_inputs; "
             "assert 'torch' not in sys.modules, 'torch imported'; "
-            "assert not hasattr(p, 'attention'), 'GPU stub exported'; print(p.__version__)")
+            "p.attention; assert 'torch' not in sys.modules, 'torch imported by the GPU API'; "
+            "print(p.__version__)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "0.1.0"
@@ -106,8 +107,8 @@ def test_expcast_code_formula_and_broadcast():
     # Against the formula in numpy: rne(acc*a + 119.65 - max), clamped.
     rng = np.random.default_rng(0)
     acc = rng.uniform(-200, 200, 10000).astype(np.float32)
-    x = acc.astype(np.float64) * 0.37 + (np.float32(119.65 + 1024.0) - np.float32(150.0))
-    want = np.clip(np.rint(x.astype(np.float32)) - 1024, 0, 120)
+    x = acc.astype(np.float64) * 0.37 + (np.float32(119.65) - np.float32(150.0))
+    want = np.clip(np.rint(x.astype(np.float32)), 0, 120)
     got = ref.expcast_code(acc, np.float32(0.37), np.float32(150.0)).astype(np.float64)
     assert np.abs(got - want).max() <= 1 and np.mean(got != want) < 1e-3
 

@@ -20,6 +20,21 @@ struct KernelConfig {
   static constexpr int kTileBytes = kBlockN * kHeadDim;       // one FP8 K or V tile, 16 KiB
   static constexpr int kVStageBytes = kPvN * kBlockN;         // V tile + the 8 row-sum rows
   static constexpr int kQBytes = kBlockM * kHeadDim;
+  // Tiles whose PV products share one tensor-core accumulator before it is added into FP32 registers
+  // (and at every rescale): 2 halves the FP32 adds; 8 k32 steps stay well inside FP8 accumulation.
+  static constexpr int kFlushTiles = 2;
+};
+
+// Timing variants with one stage removed or doubled, for the cost breakdown in docs/performance.md
+// (bench/cpp/bench_variants.cu). Only kProduction is built into the library; the others compute
+// wrong results on purpose.
+enum KernelVariant : int {
+  kProduction = 0,
+  kSkipMax = 1,         // no row max (the running max stays at the first tile's)
+  kSkipConvert = 2,     // no ExpCast conversion (P keeps the first tile's codes)
+  kSkipAccumulate = 4,  // no FP32 accumulation of PV (the tensor-core accumulator only)
+  kDoubleConvert = 8,   // ExpCast conversion twice
+  kDoubleMax = 16,      // row max twice
 };
 static_assert(KernelConfig::kBlockM == 128 && KernelConfig::kBlockN == 128,
               "tiles must coincide with the 128-token quantization blocks");

@@ -69,17 +69,18 @@ __device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float
   fence_regs(s);
 }
 
-// [O | l](64x136) = P(64x128 keys) [V | 1](128 keys x 136): four k32 steps over the keys, into a fresh
-// accumulator. Hopper's FP8 tensor-core accumulator keeps about 13 mantissa bits and truncates, so
-// sums over hundreds of tiles drift by percents; the caller adds each tile into FP32 registers.
-__device__ __forceinline__ void issue_pv(uint32_t (&p)[16], uint64_t desc_v, float (&o)[68]) {
+// [O | l](64x136) (+)= P(64x128 keys) [V | 1](128 keys x 136): four k32 steps over the keys; `fresh`
+// (uniform over the warpgroup) starts a new accumulator. Hopper's FP8 tensor-core accumulator keeps
+// about 13 mantissa bits and truncates, so sums over hundreds of tiles drift by percents: the caller
+// adds the product into FP32 registers every few tiles.
+__device__ __forceinline__ void issue_pv(uint32_t (&p)[16], uint64_t desc_v, float (&o)[68], bool fresh) {
   fence_regs(p);
   fence_regs(o);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int k = 0; k < KernelConfig::kBlockN / 32; ++k)
-    pv_mma_impl(&p[4 * k], desc_k_step(desc_v, k), o, k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
-                std::make_index_sequence<68>{});
+    pv_mma_impl(&p[4 * k], desc_k_step(desc_v, k), o,
+                (k == 0 && fresh) ? gmma::ScaleOut::Zero : gmma::ScaleOut::One, std::make_index_sequence<68>{});
   cute::warpgroup_commit_batch();
   fence_regs(p);
   fence_regs(o);

@@ -25,7 +25,7 @@ struct KernelParams {
   __nv_bfloat16* out;       // [B, Sq, H, D] with strides
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;               // optional [B, H, Sq]
-  float qk_multiplier;      // 8 * log2e * softmax_scale
+  float qk_multiplier;      // 2^-24 * 8 * log2e * softmax_scale (the scaled ExpCast domain)
 };
 
 struct alignas(1024) SharedStorage {
@@ -111,26 +111,21 @@ struct ConsumerState {
   float o[68];       // [O | l] in FP32: o[64..65] = l of row g, o[66..67] = l of row g+8
   float pv[68];      // the current tile's P [V | 1] from the tensor cores
   uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
-  float m_lo, m_hi;  // running maxima (code units)
+  float m_lo, m_hi;    // running maxima in scaled code units (2^-24 M): the codes' reference
+  float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
 };
 
-// Row max of the tile in code units, after masking columns at or past `valid` keys.
-__device__ __forceinline__ void mask_tail(float (&s)[64], int valid, int t) {
+// Row maxima of the raw accumulators (code units follow by multiplying with the tile's positive
+// multiplier); kMasked excludes columns at or past `valid` keys (the partial last block).
+template <bool kMasked>
+__device__ __forceinline__ void row_max(const float (&s)[64], int valid, int t, float& lo, float& hi) {
+  lo = hi = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int col = 8 * j + 2 * t;
-    if (col >= valid) s[4 * j + 0] = s[4 * j + 2] = -INFINITY;
-    if (col + 1 >= valid) s[4 * j + 1] = s[4 * j + 3] = -INFINITY;
-  }
-}
-
-__device__ __forceinline__ void row_max(const float (&s)[64], float& lo, float& hi) {
-  lo = fmaxf(s[0], s[1]);
-  hi = fmaxf(s[2], s[3]);
-#pragma unroll
-  for (int j = 1; j < 16; ++j) {
-    lo = fmaxf(lo, fmaxf(s[4 * j + 0], s[4 * j + 1]));
-    hi = fmaxf(hi, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    const bool v0 = !kMasked || col < valid, v1 = !kMasked || col + 1 < valid;
+    lo = fmaxf(lo, fmaxf(v0 ? s[4 * j + 0] : -INFINITY, v1 ? s[4 * j + 1] : -INFINITY));
+    hi = fmaxf(hi, fmaxf(v0 ? s[4 * j + 2] : -INFINITY, v1 ? s[4 * j + 3] : -INFINITY));
   }
   lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
   hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
@@ -138,30 +133,76 @@ __device__ __forceinline__ void row_max(const float (&s)[64], float& lo, float& 
   hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
 }
 
-// Adds the finished tile product into the FP32 accumulator (both at the scale of the previous max).
-__device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
+// Masked keys get code 0: clear their bytes after conversion (register p[4kb+r] holds columns
+// c, c+1, c+8, c+9 with c = 32kb + 16*(r>=2) + 2t).
+__device__ __forceinline__ void mask_codes(uint32_t (&p)[16], int valid, int t) {
 #pragma unroll
-  for (int i = 0; i < 68; ++i) st.o[i] += st.pv[i];
+  for (int i = 0; i < 16; ++i) {
+    const int c = 32 * (i / 4) + ((i % 4) >= 2 ? 16 : 0) + 2 * t;
+    uint32_t keep = 0;
+    keep |= c < valid ? 0x000000FFu : 0u;
+    keep |= c + 1 < valid ? 0x0000FF00u : 0u;
+    keep |= c + 8 < valid ? 0x00FF0000u : 0u;
+    keep |= c + 9 < valid ? 0xFF000000u : 0u;
+    p[i] &= keep;
+  }
 }
 
-// Zero deadband: every increase is applied before conversion; O and l are rescaled only when some
-// row of the warp grew (after mid-window order has found the maximum, most tiles skip this).
-__device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi) {
+// 2^x on the MUFU unit (ex2.approx, ~2 ulp): the rescale factors need no more, and the accurate
+// exp2f adds range handling to every call.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
+// with beta = 2^((m - mo)/8) <= 2^8.
+__device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
+  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
+  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
+#pragma unroll
+  for (int j = 0; j < 17; ++j) {
+    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
+    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
+    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
+    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j) {
+    x[4 * j + 0] *= lo;
+    x[4 * j + 1] *= lo;
+    x[4 * j + 2] *= hi;
+    x[4 * j + 3] *= hi;
+  }
+}
+
+// Zero deadband: every increase of the max is applied before conversion (the codes' reference m).
+// O and l need not follow m at once: they stay at a lagging max mo, and each PV product is brought to
+// that scale when it is added (beta), which is exact arithmetic for the same result as rescaling O
+// and l at every increase (numerics section 4). O is rebased only when m runs 2^8 ahead of mo, so
+// most increases cost two exponentials instead of 136 multiplies. A tensor-core partial that is not
+// flushed yet holds products at the old m and is rescaled (rescale_pv).
+__device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi, bool rescale_pv) {
   const float new_lo = fmaxf(st.m_lo, tile_lo);
   const float new_hi = fmaxf(st.m_hi, tile_hi);
   const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
-  if (__any_sync(0xffffffffu, grew)) {
-    const float a_lo = exp2f((st.m_lo - new_lo) * 0.125f);  // exp2(-inf) = 0 on the first tile
-    const float a_hi = exp2f((st.m_hi - new_hi) * 0.125f);
-#pragma unroll
-    for (int j = 0; j < 17; ++j) {
-      st.o[4 * j + 0] *= a_lo;
-      st.o[4 * j + 1] *= a_lo;
-      st.o[4 * j + 2] *= a_hi;
-      st.o[4 * j + 3] *= a_hi;
-    }
-    st.m_lo = new_lo;
-    st.m_hi = new_hi;
+  if (!__any_sync(0xffffffffu, grew)) return;
+  if (rescale_pv)  // exp2(-inf) = 0 cannot occur: a partial exists only after the first tile
+    scale_rows(st.pv, fast_exp2((st.m_lo - new_lo) * kMaxToLog2), fast_exp2((st.m_hi - new_hi) * kMaxToLog2));
+  st.m_lo = new_lo;
+  st.m_hi = new_hi;
+  if (st.mo_lo == -INFINITY) st.mo_lo = new_lo;  // first tile: O is still zero
+  if (st.mo_hi == -INFINITY) st.mo_hi = new_hi;
+  const float gap_lo = (st.m_lo - st.mo_lo) * kMaxToLog2, gap_hi = (st.m_hi - st.mo_hi) * kMaxToLog2;
+  if (__any_sync(0xffffffffu, gap_lo > 8.0f || gap_hi > 8.0f)) {
+    scale_rows(st.o, fast_exp2(-gap_lo), fast_exp2(-gap_hi));
+    st.mo_lo = st.m_lo;
+    st.mo_hi = st.m_hi;
   }
 }
 
@@ -206,20 +247,47 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   if (p.lse != nullptr && t == 0) {
     float* lse = p.lse + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
     constexpr float kLn2 = 0.69314718055994531f;
-    if (r_lo < p.seqlen_q) lse[r_lo] = kLn2 * (st.m_lo * 0.125f) + __logf(l_lo * (1.0f / 256.0f));
-    if (r_hi < p.seqlen_q) lse[r_hi] = kLn2 * (st.m_hi * 0.125f) + __logf(l_hi * (1.0f / 256.0f));
+    if (r_lo < p.seqlen_q) lse[r_lo] = kLn2 * (st.mo_lo * kMaxToLog2) + __logf(l_lo * (1.0f / 256.0f));
+    if (r_hi < p.seqlen_q) lse[r_hi] = kLn2 * (st.mo_hi * kMaxToLog2) + __logf(l_hi * (1.0f / 256.0f));
   }
 }
 
-// Mask, tile max, running-max update and conversion of one tile whose PV has no pending work.
-__device__ __forceinline__ void softmax_step(ConsumerState& st, float (&s)[64], float a, int valid, int t) {
-  if (valid < Cfg::kBlockN) mask_tail(s, valid, t);
-  float t_lo, t_hi;
-  row_max(s, t_lo, t_hi);
-  update_max(st, t_lo * a, t_hi * a);
-  convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
+// Tile max of S (already waited for) in scaled code units.
+template <int kVariant>
+__device__ __forceinline__ void tile_max(const float (&s)[64], float a, int valid, int t, bool first, float& lo,
+                                         float& hi) {
+  if ((kVariant & kSkipMax) && !first) {
+    lo = hi = -INFINITY;
+    return;
+  }
+  if (valid < Cfg::kBlockN) row_max<true>(s, valid, t, lo, hi);
+  else row_max<false>(s, valid, t, lo, hi);
+  if (kVariant & kDoubleMax) {
+    float lo2, hi2;
+    row_max<false>(s, valid, t, lo2, hi2);
+    lo = fmaxf(lo, lo2 * 0.5f);
+    hi = fmaxf(hi, hi2 * 0.5f);
+  }
+  lo *= a;
+  hi *= a;
 }
 
+// Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
+template <int kVariant>
+__device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, int valid, int t,
+                                             bool first) {
+  if ((kVariant & kSkipConvert) && !first) return;
+  convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
+  if (kVariant & kDoubleConvert) {
+    uint32_t p2[16];
+    convert_tile(s, a * 0.5f, expcast_addend(st.m_lo), expcast_addend(st.m_hi), p2);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) st.p[i] ^= p2[i] & 0x01010101u;
+  }
+  if (valid < Cfg::kBlockN) mask_codes(st.p, valid, t);
+}
+
+template <int kVariant>
 __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelParams& p, int wg) {
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
@@ -241,7 +309,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     ConsumerState st;
 #pragma unroll
     for (int i = 0; i < 68; ++i) st.o[i] = 0.0f;
-    st.m_lo = st.m_hi = -INFINITY;
+    st.m_lo = st.m_hi = st.mo_lo = st.mo_hi = -INFINITY;
     float s[64];
     TxBarrier::wait(&sh.q_full, iter & 1);
 
@@ -257,9 +325,17 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
     if (n == 1) release(&sh.q_empty);
-    softmax_step(st, s, qscale * kd[blk], p.seqlen_k - blk * Cfg::kBlockN, t);
+    {
+      const float a = qscale * kd[blk];
+      const int valid = p.seqlen_k - blk * Cfg::kBlockN;
+      float t_lo, t_hi;
+      tile_max<kVariant>(s, a, valid, t, true, t_lo, t_hi);
+      update_max(st, t_lo, t_hi, false);
+      convert_step<kVariant>(st, s, a, valid, t, true);
+    }
     RingState prev = ring;
     ring.advance();
+    bool pv_fresh = true;  // the next PV starts a new tensor-core accumulator
 
     for (int i = 1; i < n; ++i) {
       blk = order(i);
@@ -267,31 +343,34 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       named_barrier_sync(my_bar, kPair);
       issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv);
+      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
       named_barrier_arrive(other_bar, kPair);
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
       if (i == n - 1) release(&sh.q_empty);
-      // a = 8 log2e tau dq dk in the reference's operation order (numerics section 3).
+      // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
       const float a = qscale * kd[blk];
       const int valid = p.seqlen_k - blk * Cfg::kBlockN;
-      if (valid < Cfg::kBlockN) mask_tail(s, valid, t);
       float t_lo, t_hi;
-      row_max(s, t_lo, t_hi);
+      tile_max<kVariant>(s, a, valid, t, false, t_lo, t_hi);
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);
       release(&sh.v_empty[prev.stage]);
-      accumulate_tile(st);
-      update_max(st, t_lo * a, t_hi * a);
-      convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
+      // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
+      // next PV's zero-init flag is a warpgroup-wide operand).
+      const bool flush = !(kVariant & kSkipAccumulate) && (i % Cfg::kFlushTiles == 0);
+      if (flush) accumulate_tile(st);
+      pv_fresh = flush;
+      update_max(st, t_lo, t_hi, !flush);
+      convert_step<kVariant>(st, s, a, valid, t, false);
       prev = ring;
       ring.advance();
     }
     // The last tile's PV.
     TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
     named_barrier_sync(my_bar, kPair);
-    issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv);
+    issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
     named_barrier_arrive(other_bar, kPair);
     cute::warpgroup_wait<0>();
     fence_regs(st.pv);
@@ -301,6 +380,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
   }
 }
 
+template <int kVariant>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     expcast_attention_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ KernelParams p) {
@@ -335,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x == 0) producer_loop(sh, p, &tm_q, &tm_k, &tm_v);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
-    consumer_loop(sh, p, warpgroup - 1);
+    consumer_loop<kVariant>(sh, p, warpgroup - 1);
   }
 }
 

@@ -48,10 +48,10 @@ TEST(Sm90Expcast, DeviceCodesMatchReferenceBitForBit) {
     // pick m so that fma(acc, a, bias - m) lands on k + 0.5 (checked below by construction).
     m[i] = prod + uni(rng) * 130.0f;
     if (i % 4 == 0) {
-      const float target = 1024.0f + std::floor(uni(rng) * 121.0f) + 0.5f;
+      const float target = std::floor(uni(rng) * 121.0f) + 0.5f;
       acc[i] = std::ldexp(std::round(std::ldexp(acc[i], 6)), -6);  // few significant bits
       a[i] = std::ldexp(1.0f, -int(uni(rng) * 4));
-      m[i] = (ref::kCodeBias + ref::kHalfCodeOffset) - (target - acc[i] * a[i]);
+      m[i] = ref::kCodeBias - (target - acc[i] * a[i]);
     }
   }
   DevBuf dacc(n * 4), da(n * 4), dm(n * 4), dout(n);
@@ -63,7 +63,7 @@ TEST(Sm90Expcast, DeviceCodesMatchReferenceBitForBit) {
   ASSERT_EQ(got.size(), size_t(n));
   int64_t mismatches = 0, ties = 0;
   for (int i = 0; i < n; ++i) {
-    const float x = std::fma(acc[i], a[i], (ref::kCodeBias + ref::kHalfCodeOffset) - m[i]);
+    const float x = std::fma(acc[i], a[i], ref::kCodeBias - m[i]);
     if (x - std::floor(x) == 0.5f) ++ties;
     const uint8_t want = ref::expcast_code(acc[i], a[i], m[i]);
     if (got[i] != want && mismatches++ < 5)
@@ -195,7 +195,7 @@ void run_case(const Case& c) {
         lse_mean += d / (double(B) * H * S);
       }
   EXPECT_LE(lse_err, 0.03);
-  EXPECT_LE(lse_mean, 3e-3);
+  EXPECT_LE(lse_mean, 5e-3);
 
   // Against exact attention: the kernel's error is within 10% of the reference's own.
   std::vector<double> exact;

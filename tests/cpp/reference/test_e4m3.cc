@@ -39,7 +39,9 @@ TEST(E4M3, DecodeMatchesDefinition) {
   for (int c = 0; c <= 0x7E; ++c) {
     EXPECT_EQ(static_cast<double>(e4m3_decode(static_cast<uint8_t>(c))), definition_value(c)) << "code " << c;
     EXPECT_EQ(e4m3_decode(static_cast<uint8_t>(c | 0x80)), -e4m3_decode(static_cast<uint8_t>(c))) << c;
-    if (c > 0) EXPECT_GT(e4m3_decode(static_cast<uint8_t>(c)), e4m3_decode(static_cast<uint8_t>(c - 1)));
+    if (c > 0) {
+      EXPECT_GT(e4m3_decode(static_cast<uint8_t>(c)), e4m3_decode(static_cast<uint8_t>(c - 1)));
+    }
   }
   // Landmarks: subnormals, smallest normal, 1, the ExpCast top code, largest finite.
   EXPECT_EQ(e4m3_decode(0x00), 0.0f);

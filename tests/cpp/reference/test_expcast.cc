@@ -44,20 +44,19 @@ TEST(ExpCast, MultiplierIsLeftToRightFp32) {
 }
 
 TEST(ExpCast, RoundsHalfToEvenAndClips) {
-  // row_max chosen so the bias is exactly 1024: x = acc + 1024 with a = 1.
-  const float bias_const = kCodeBias + kHalfCodeOffset;
-  const float row_max = bias_const - 1024.0f;
-  ASSERT_EQ(bias_const - row_max, 1024.0f);
+  // row_max chosen so the bias is exactly 0: x = acc with a = 1.
+  const float row_max = kCodeBias;
+  ASSERT_EQ(kCodeBias - row_max, 0.0f);
   EXPECT_EQ(expcast_code(0.49f, 1.0f, row_max), 0);
-  EXPECT_EQ(expcast_code(0.5f, 1.0f, row_max), 0);   // 1024.5 -> 1024 (even)
-  EXPECT_EQ(expcast_code(1.5f, 1.0f, row_max), 2);   // 1025.5 -> 1026
-  EXPECT_EQ(expcast_code(2.5f, 1.0f, row_max), 2);   // 1026.5 -> 1026
+  EXPECT_EQ(expcast_code(0.5f, 1.0f, row_max), 0);   // 0.5 -> 0 (even)
+  EXPECT_EQ(expcast_code(1.5f, 1.0f, row_max), 2);   // 1.5 -> 2
+  EXPECT_EQ(expcast_code(2.5f, 1.0f, row_max), 2);   // 2.5 -> 2
   EXPECT_EQ(expcast_code(5.5f, 1.0f, row_max), 6);
   EXPECT_EQ(expcast_code(6.5f, 1.0f, row_max), 6);
   EXPECT_EQ(expcast_code(6.51f, 1.0f, row_max), 7);
-  EXPECT_EQ(expcast_code(-0.25f, 1.0f, row_max), 0);  // below 1024 clips at 0
+  EXPECT_EQ(expcast_code(-0.25f, 1.0f, row_max), 0);  // below 0 clips at 0
   EXPECT_EQ(expcast_code(-500.0f, 1.0f, row_max), 0);
-  EXPECT_EQ(expcast_code(119.5f, 1.0f, row_max), 120);  // 1143.5 -> 1144
+  EXPECT_EQ(expcast_code(119.5f, 1.0f, row_max), 120);  // 119.5 -> 120
   EXPECT_EQ(expcast_code(120.5f, 1.0f, row_max), 120);  // clips at 120 (stale max)
   EXPECT_EQ(expcast_code(5000.0f, 1.0f, row_max), 120);
   EXPECT_EQ(expcast_code(1e30f, 1e30f, row_max), 120);  // +inf clips at 120

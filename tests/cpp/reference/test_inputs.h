@@ -1,6 +1,7 @@
 // Deterministic inputs for the reference tests: video-like Q/K/V (tokens on a frames x height x width
 // grid, a few smooth spatial modes shared by Q and K, plus noise), rounded to BF16.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -10,12 +11,14 @@
 
 namespace openvc::reference::testing {
 
-// Rounds to FP16 (11-bit significand, RNE) for values in FP16's normal range; enough for test data.
+// Rounds to an FP16 value (11-bit significand, subnormals below 2^-14, RNE); no overflow handling,
+// test data stays far below 65504.
 inline float round_to_fp16(float x) {
   if (x == 0.0f || !std::isfinite(x)) return x;
   int e = 0;
-  const float f = std::frexp(x, &e);  // x = f * 2^e, |f| in [0.5, 1)
-  return std::ldexp(std::nearbyint(std::ldexp(f, 11)), e - 11);
+  std::frexp(x, &e);                       // |x| in [2^(e-1), 2^e)
+  const int lsb = std::max(e - 11, -24);   // exponent of the last significand bit kept
+  return std::ldexp(std::nearbyint(std::ldexp(x, -lsb)), lsb);
 }
 
 struct Qkv {

@@ -128,6 +128,15 @@ TEST(Quantize, GroupsDoNotSpanSequences) {
   }
 }
 
+TEST(Quantize, Fp16RoundingHelperIsExact) {
+  // The FP16 inputs above must really be FP16 values: check the helper on known cases.
+  EXPECT_EQ(testing::round_to_fp16(1.0f + 0x1p-11f), 1.0f);                 // tie -> even
+  EXPECT_EQ(testing::round_to_fp16(1.0f + 3 * 0x1p-11f), 1.0f + 0x1p-9f);   // tie -> even
+  EXPECT_EQ(testing::round_to_fp16(0x1p-25f), 0.0f);                        // half the smallest subnormal
+  EXPECT_EQ(testing::round_to_fp16(3 * 0x1p-25f), 0x1p-23f);                // 1.5 subnormal ulps -> 2
+  EXPECT_EQ(testing::round_to_fp16(-1000.3f), -1000.5f);                    // ulp 0.5 in [512, 1024)
+}
+
 TEST(Quantize, BadArgumentsNameTheArgument) {
   Sequences s = Sequences::Batched(1, 10, 2, 0);
   std::vector<float> x(10 * 2 * 4, 1.0f);

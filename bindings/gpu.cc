@@ -1,0 +1,103 @@
+// GPU entry points of _openvc_ext (openvc/attention.h) for open_vc_attn.ops: raw device pointers as
+// ints, sizes, element strides and the caller's stream handle in; nothing allocated, nothing synced.
+// Tensors, their allocation and the argument checks with readable messages live in Python (ops.py,
+// api.py); the C++ checks still run and a non-ok Status becomes ValueError / RuntimeError.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <tuple>
+
+#include "openvc/attention.h"
+#include "openvc/status.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// (data pointer, stride_batch, stride_seq, stride_head), strides in elements.
+using View = std::tuple<uintptr_t, int64_t, int64_t, int64_t>;
+
+void check(const openvc::Status& st) {
+  if (st.ok()) return;
+  if (st.code() == openvc::StatusCode::kInvalidArgument) throw nb::value_error(st.message().c_str());
+  throw std::runtime_error(st.message());
+}
+
+template <typename T>
+T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+
+openvc::TokenTensorView view(const View& v) {
+  openvc::TokenTensorView t;
+  t.data = ptr<const void>(std::get<0>(v));
+  t.stride_batch = std::get<1>(v);
+  t.stride_seq = std::get<2>(v);
+  t.stride_head = std::get<3>(v);
+  return t;
+}
+
+void prepare_fp8(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, const View& q,
+                 const View& k, const View& v, uintptr_t q_codes, uintptr_t q_descale, uintptr_t k_codes,
+                 uintptr_t k_descale, uintptr_t v_packed, uintptr_t v_descale, uintptr_t workspace,
+                 size_t workspace_bytes, uintptr_t stream) {
+  openvc::PrepareParams p;
+  p.dtype = bf16 ? openvc::DType::kBFloat16 : openvc::DType::kFloat16;
+  p.batch = batch, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.heads = heads, p.head_dim = head_dim;
+  p.q = view(q), p.k = view(k), p.v = view(v);
+  p.q_codes = ptr<uint8_t>(q_codes), p.q_descale = ptr<float>(q_descale);
+  p.k_codes = ptr<uint8_t>(k_codes), p.k_descale = ptr<float>(k_descale);
+  p.v_packed = ptr<uint8_t>(v_packed), p.v_descale = ptr<float>(v_descale);
+  p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
+  openvc::Status st;
+  {
+    nb::gil_scoped_release release;  // launches only, but other Python threads need not wait on them
+    st = openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream));
+  }
+  check(st);
+}
+
+void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t q_codes,
+                   uintptr_t q_descale, uintptr_t k_codes, uintptr_t k_descale, uintptr_t v_packed,
+                   uintptr_t v_descale, uintptr_t out, int64_t out_stride_batch, int64_t out_stride_seq,
+                   int64_t out_stride_head, uintptr_t lse, float softmax_scale, int mid_window_blocks,
+                   uintptr_t stream) {
+  openvc::AttentionParams p;
+  openvc::Fp8Inputs& in = p.in;
+  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
+  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
+  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
+  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  p.out = ptr<void>(out);
+  p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
+  p.lse = ptr<float>(lse);  // 0: no LSE
+  p.softmax_scale = softmax_scale;
+  p.mid_window_blocks = mid_window_blocks;
+  openvc::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream));
+  }
+  check(st);
+}
+
+}  // namespace
+
+void register_gpu(nb::module_& m) {
+  m.attr("KERNEL_HEAD_DIM") = openvc::kHeadDim;
+  nb::list order;  // packed V column c holds key PACKED_KEY_ORDER[c] of its 16-key group
+  for (int key : openvc::kPackedKeyOrder) order.append(key);
+  m.attr("PACKED_KEY_ORDER") = nb::tuple(order);
+  m.def("prepare_workspace_bytes", &openvc::prepare_workspace_bytes, nb::arg("batch"), nb::arg("heads"));
+  m.def("prepare_fp8", &prepare_fp8, nb::arg("bf16"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
+        nb::arg("heads"), nb::arg("head_dim"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("q_codes"),
+        nb::arg("q_descale"), nb::arg("k_codes"), nb::arg("k_descale"), nb::arg("v_packed"),
+        nb::arg("v_descale"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
+        "Enqueues openvc::prepare_fp8 on `stream`; q/k/v are (ptr, stride_b, stride_s, stride_h) tuples.");
+  m.def("attention_fp8", &attention_fp8, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
+        nb::arg("heads"), nb::arg("head_dim"), nb::arg("q_codes"), nb::arg("q_descale"), nb::arg("k_codes"),
+        nb::arg("k_descale"), nb::arg("v_packed"), nb::arg("v_descale"), nb::arg("out"),
+        nb::arg("out_stride_batch"), nb::arg("out_stride_seq"), nb::arg("out_stride_head"), nb::arg("lse"),
+        nb::arg("softmax_scale"), nb::arg("mid_window_blocks"), nb::arg("stream"),
+        "Enqueues openvc::attention_fp8 on `stream`; lse = 0 skips the LSE output.");
+}

@@ -1,0 +1,286 @@
+"""GPU API of open_vc_attn: FP8 ExpCast attention on torch CUDA tensors (Hopper, sm_90a only).
+
+- :func:`prepare_fp8` quantizes BF16/FP16 ``q, k, v`` into a :class:`PreparedFP8` (E4M3 codes, descales,
+  packed V; docs/numerics.md section 1).
+- :func:`attention_fp8` runs the ExpCast attention kernel on a :class:`PreparedFP8` (sections 2-5):
+  BF16 output of q's shape, optionally the natural-log LSE.
+- :func:`attention` does both in one call.
+
+torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
+enqueued on ``torch.cuda.current_stream(device)`` with no host synchronization and no device-to-host
+copy, so the calls can be captured in a CUDA graph; the GPU work goes through the custom ops
+``torch.ops.open_vc_attn.prepare_fp8`` / ``attention_fp8`` (:mod:`open_vc_attn.ops`), which makes the
+functions traceable by ``torch.compile(fullgraph=True)``. The library is inference-only: tensors that
+require grad are rejected. A bad argument raises TypeError (wrong kind) or ValueError (wrong value) whose
+message starts with the argument's name; a GPU other than compute capability 9.0 raises RuntimeError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+__all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
+
+QUANT_BLOCK = 128            # tokens per Q/K descale group and per packed-V padding unit
+KERNEL_HEAD_DIM = 128        # the only head dim of the sm_90a attention kernel
+PREPARE_HEAD_DIMS = (128, 64)
+NATURAL_ORDER = -1           # C++ openvc::kNaturalOrder
+_INT_MAX = 2**31 - 1         # sizes and mid_window_blocks are C++ ints
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedFP8:
+    """Prepared FP8 inputs (docs/numerics.md section 1), all contiguous tensors on one CUDA device.
+
+    q_codes uint8 [B, Sq, H, D] (E4M3), q_descale float32 [B, H, ceil(Sq/128)], k_codes uint8
+    [B, Sk, H, D], k_descale float32 [B, H, ceil(Sk/128)], v_packed uint8 [B, H, D, ceil(Sk/128)*128]
+    (keys permuted per 16-key group, see ``_openvc_ext.PACKED_KEY_ORDER``), v_descale float32 [B, H].
+    B is 1 for a rank-3 input (``input_rank`` 3); ``dtype`` is the torch dtype of the inputs.
+    Reusable: several :func:`attention_fp8` calls may share one preparation.
+    """
+    q_codes: Any
+    q_descale: Any
+    k_codes: Any
+    k_descale: Any
+    v_packed: Any
+    v_descale: Any
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    head_dim: int
+    input_rank: int
+    dtype: Any
+
+    @property
+    def device(self):
+        return self.q_codes.device
+
+    def tensors(self) -> tuple:
+        """The six tensors in the argument order of ``torch.ops.open_vc_attn.attention_fp8``."""
+        return (self.q_codes, self.q_descale, self.k_codes, self.k_descale, self.v_packed, self.v_descale)
+
+
+# ---- argument checking (plain Python over tensor metadata: torch.compile traces it into guards) -------
+
+def _torch():
+    import torch
+    return torch
+
+
+def _shape(x) -> tuple:
+    return tuple(int(s) for s in x.shape)
+
+
+def _check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
+    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
+    The device comes last, so that every other check can be exercised with CPU tensors."""
+    torch = _torch()
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(x).__name__}")
+    rank = q.dim()
+    if rank not in (3, 4):
+        raise ValueError(f"q: expected rank 4 [B, Sq, H, D] or rank 3 [Sq, H, D], got shape {_shape(q)}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != rank and not (rank == 3 and x.dim() == 4):
+            raise ValueError(f"{name}: expected rank {rank} like q ([B, Sk, H, D]"
+                             f"{' or [Sk, H, D]' if rank == 3 else ''}), got shape {_shape(x)}")
+    q4 = q.unsqueeze(0) if rank == 3 else q
+    k4 = k.unsqueeze(0) if k.dim() == 3 else k
+    v4 = v.unsqueeze(0) if v.dim() == 3 else v
+    if k4.shape[0] != q4.shape[0]:
+        raise ValueError(f"k: expected batch {q4.shape[0]} like q"
+                         f"{' (rank-3 q is one sequence)' if rank == 3 else ''}, got shape {_shape(k)}")
+    if k4.shape[2] != q4.shape[2]:
+        raise ValueError(f"k: expected {q4.shape[2]} heads like q, got shape {_shape(k)}: GQA/MQA (unequal "
+                         "head counts) is not supported; repeat k and v's heads to q's head count")
+    if k4.shape[3] != q4.shape[3]:
+        raise ValueError(f"k: expected head_dim {q4.shape[3]} like q, got shape {_shape(k)}")
+    if v4.shape != k4.shape:
+        raise ValueError(f"v: expected the shape of k {_shape(k)}, got {_shape(v)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"q: expected dtype torch.bfloat16 or torch.float16, got {q.dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} like q (mixed dtypes are not supported), got {x.dtype}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.numel() == 0:
+            raise ValueError(f"{name}: expected non-empty dims (at least one batch, token and head), got shape "
+                             f"{_shape(x)}")
+        for size in x.shape:
+            if size > _INT_MAX:
+                raise ValueError(f"{name}: dims must be < 2^31 (C++ ints), got shape {_shape(x)}")
+    if q4.shape[3] not in head_dims:
+        why = ("prepare_fp8 accepts 64, the sm_90a attention kernel does not yet" if caller == "attention"
+               else "attention_fp8: 128 only")
+        raise ValueError(f"q: head_dim {q4.shape[3]} is not supported: {caller} takes "
+                         f"{' or '.join(str(d) for d in head_dims)} ({why}), got shape {_shape(q)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only "
+                             "(detach it, or call under torch.no_grad() / torch.inference_mode())")
+    for name, x in (("q", q4), ("k", k4), ("v", v4)):
+        _check_token_strides(name, x)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {x.device}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} like q, got {x.device}")
+    return q4, k4, v4, rank
+
+
+def _check_token_strides(name, x):
+    """Head dim contiguous; the other strides are free but must be multiples of 8 elements (16 bytes),
+    as the kernels load 16-byte vectors. Strides of size-1 dims never matter and are not checked."""
+    strides = x.stride()
+    if x.shape[3] > 1 and strides[3] != 1:
+        raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(strides)}; "
+                         "call .contiguous() first (openvc never copies silently)")
+    for axis, what in ((0, "batch"), (1, "sequence"), (2, "head")):
+        if x.shape[axis] > 1 and strides[axis] % 8 != 0:
+            raise ValueError(f"{name}: the {what} stride must be a multiple of 8 elements (16 bytes) for the "
+                             f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
+
+
+def _fp8_expectations(b, sq, sk, h, d):
+    """name -> (shape, dtype name) of the six prepared tensors."""
+    nq, nk = (sq + QUANT_BLOCK - 1) // QUANT_BLOCK, (sk + QUANT_BLOCK - 1) // QUANT_BLOCK
+    return (("q_codes", (b, sq, h, d), "uint8"), ("q_descale", (b, h, nq), "float32"),
+            ("k_codes", (b, sk, h, d), "uint8"), ("k_descale", (b, h, nk), "float32"),
+            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (b, h), "float32"))
+
+
+def _check_fp8_tensors(tensors, prefix, sizes=None):
+    """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
+    sizes = (B, Sq, Sk, H, D) when given; returns (B, Sq, Sk, H, D). prefix names them in messages."""
+    torch = _torch()
+    names = [e[0] for e in _fp8_expectations(1, 1, 1, 1, 1)]
+    for name, x in zip(names, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{prefix}{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if sizes is None:
+        qc, kc = tensors[0], tensors[2]
+        if qc.dim() != 4 or kc.dim() != 4:
+            bad = ("q_codes", qc) if qc.dim() != 4 else ("k_codes", kc)
+            raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {_shape(bad[1])}")
+        sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
+    b, sq, sk, h, d = sizes
+    for (name, shape, dtype), x in zip(_fp8_expectations(b, sq, sk, h, d), tensors):
+        if x.dtype != getattr(torch, dtype):
+            raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{prefix}{name}: expected shape {tuple(shape)} for B={b} Sq={sq} Sk={sk} H={h} "
+                             f"D={d}, got {_shape(x)}")
+        if not x.is_contiguous():
+            raise ValueError(f"{prefix}{name}: expected a contiguous tensor (the kernel's fixed layout), got "
+                             f"strides {tuple(x.stride())} for shape {_shape(x)}")
+        if x.requires_grad:
+            raise ValueError(f"{prefix}{name}: requires_grad=True is not supported: openvc is inference-only")
+    if min(sizes) < 1 or max(sizes) > _INT_MAX:
+        raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
+    dev = tensors[0].device
+    for name, x in zip(names, tensors):  # last, as in _check_tokens
+        if x.device.type != "cuda" or x.device != dev:
+            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
+    return b, sq, sk, h, d
+
+
+def _check_prepared(prepared):
+    torch = _torch()
+    if not isinstance(prepared, PreparedFP8):
+        raise TypeError(f"prepared: expected a PreparedFP8 from open_vc_attn.prepare_fp8, got {type(prepared).__name__}")
+    meta = {}
+    for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
+        val = getattr(prepared, field)
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
+            raise ValueError(f"prepared.{field}: expected an int >= 1, got {val!r}")
+        meta[field] = int(val)
+    if meta["input_rank"] not in (3, 4) or (meta["input_rank"] == 3 and meta["batch"] != 1):
+        raise ValueError(f"prepared.input_rank: expected 4, or 3 with batch 1, got {meta['input_rank']} "
+                         f"(batch {meta['batch']})")
+    if prepared.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"prepared.dtype: expected torch.bfloat16 or torch.float16, got {prepared.dtype}")
+    if meta["head_dim"] != KERNEL_HEAD_DIM:
+        raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim {KERNEL_HEAD_DIM} only, got "
+                         f"{meta['head_dim']} (prepare_fp8 accepts 64, the sm_90a attention kernel does not yet)")
+    sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
+    _check_fp8_tensors(prepared.tensors(), "prepared.", sizes)
+    return meta
+
+
+def _softmax_scale(x) -> float:
+    if x is None:
+        return 0.0   # the C++ default: 1/sqrt(D)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"softmax_scale: expected None or a float > 0, got {type(x).__name__}")
+    x = float(x)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {x}")
+    return x
+
+
+def _mid_window(x) -> int:
+    if x is None:
+        return NATURAL_ORDER
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"mid_window_blocks: expected None (natural order) or an int >= 0, got {type(x).__name__}")
+    if not 0 <= x <= _INT_MAX:
+        raise ValueError(f"mid_window_blocks: expected None (natural order) or an int in [0, 2^31), got {x}")
+    return int(x)
+
+
+def _return_lse(x) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(x).__name__}")
+    return x
+
+
+def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse):
+    from . import ops  # registers the custom ops (imports torch) on first use
+    out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse)
+    if rank == 3:  # one sequence: drop the batch axis again (views, no copy)
+        out, lse = out[0], (lse[0] if return_lse else lse)
+    return (out, lse) if return_lse else out
+
+
+# ---- public functions ---------------------------------------------------------------------------------
+
+def prepare_fp8(q, k, v) -> PreparedFP8:
+    """Quantizes ``q, k, v`` for :func:`attention_fp8` (docs/numerics.md section 1).
+
+    q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
+    bfloat16 or float16 CUDA tensors of one dtype and device; D 128 or 64. The head dim must be
+    contiguous; the other strides may be anything that is a multiple of 8 elements, and the data
+    16-byte aligned (nothing is copied to fix a layout). The outputs are new tensors.
+    """
+    q4, k4, v4, rank = _check_tokens(q, k, v)
+    from . import ops
+    tensors = ops.prepare_fp8_op(q4, k4, v4)
+    b, sq, h, d = (int(s) for s in q4.shape)
+    return PreparedFP8(*tensors, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h, head_dim=d,
+                       input_rank=rank, dtype=q.dtype)
+
+
+def attention_fp8(prepared, *, softmax_scale=None, mid_window_blocks=4, return_lse=False):
+    """ExpCast FP8 attention on prepared inputs (docs/numerics.md sections 2-5), non-causal.
+
+    softmax_scale None means 1/sqrt(D). mid_window_blocks: the key traversal of section 5 (None: natural
+    order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]); with return_lse, (out, lse)
+    where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q). Needs head_dim 128.
+    """
+    scale, mid, want_lse = _softmax_scale(softmax_scale), _mid_window(mid_window_blocks), _return_lse(return_lse)
+    meta = _check_prepared(prepared)
+    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse)
+
+
+def attention(q, k, v, *, softmax_scale=None, mid_window_blocks=4, return_lse=False):
+    """:func:`prepare_fp8` then :func:`attention_fp8` in one call (same arguments and results); the FP8
+    intermediates are freed on return. Needs head_dim 128."""
+    scale, mid, want_lse = _softmax_scale(softmax_scale), _mid_window(mid_window_blocks), _return_lse(return_lse)
+    q4, k4, v4, rank = _check_tokens(q, k, v, head_dims=(KERNEL_HEAD_DIM,), caller="attention")
+    from . import ops
+    tensors = ops.prepare_fp8_op(q4, k4, v4)
+    return _run_attention(tensors, rank, scale, mid, want_lse)
