@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -151,11 +152,26 @@ int main(int argc, char** argv) {
                           {"skip fp32 accumulate", launch_expcast_attention<kSkipAccumulate>},
                           {"skip max+convert+accumulate", launch_expcast_attention<kSkipMax | kSkipConvert | kSkipAccumulate>},
                           {"double convert", launch_expcast_attention<kDoubleConvert>},
-                          {"double max", launch_expcast_attention<kDoubleMax>}};
+                          {"double max", launch_expcast_attention<kDoubleMax>},
+                          {"fp32 accumulate every tile", launch_expcast_attention<kFlushEvery1>},
+                          {"fp32 accumulate every 4 tiles", launch_expcast_attention<kFlushEvery4>}};
+    // Output of the production kernel, to show how far each variant's result moves (rel L2).
+    std::vector<__nv_bfloat16> base(n), got(n);
+    CHECK_OK(openvc::attention_fp8(ap, s));
+    CHECK_CUDA(cudaMemcpyAsync(base.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
     for (const V& var : variants) {
       const float t = graph_median_ms([&] { CHECK_OK(var.launch(ap, s)); }, s, rounds, reps);
-      std::printf("  variant %-28s %.3f ms %.1f TFLOP/s (%+.1f%% time vs production)\n", var.name, t,
-                  flop / t * 1e-9, 100.0 * (t / t_attn - 1.0));
+      CHECK_OK(var.launch(ap, s));
+      CHECK_CUDA(cudaMemcpyAsync(got.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double a = __bfloat162float(got[i]), b = __bfloat162float(base[i]);
+        num += (a - b) * (a - b), den += b * b;
+      }
+      std::printf("  variant %-28s %.3f ms %.1f TFLOP/s (%+.1f%% time vs production) rel L2 vs production %.2e\n",
+                  var.name, t, flop / t * 1e-9, 100.0 * (t / t_attn - 1.0), std::sqrt(num / den));
     }
   }
 #endif

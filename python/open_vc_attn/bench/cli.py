@@ -202,9 +202,11 @@ def run_case(torch, device, spec_name, q, k, v, source, args, status, case_index
     nbytes = harness.input_bytes(q, k, v)
     cold = bool(args.cold_l2 and l2 and nbytes <= l2)
     case["cold_l2"] = {"requested": bool(args.cold_l2), "applied": cold, "input_bytes": nbytes, "l2_bytes": l2,
-                       "note": ("inputs fit in L2: a 256 MB write precedes every timed call" if cold else
-                                f"does not apply: inputs + output ({nbytes / 2**20:.0f} MiB) exceed L2"
-                                if args.cold_l2 else "not requested")}
+                       "note": ("not requested" if not args.cold_l2 else
+                                "inputs fit in L2: a 256 MB write precedes every timed call" if cold else
+                                "does not apply: L2 size unknown" if not l2 else
+                                f"does not apply: inputs + output ({nbytes / 2**20:.0f} MiB) exceed L2 "
+                                f"({l2 / 2**20:.0f} MiB)")}
     flush = harness.L2Flusher(device) if cold else None
     inp = Inputs(q, k, v)
     exact = None
@@ -369,7 +371,8 @@ def main_bench(argv=None) -> int:
                 "allow_shared": args.allow_shared, "accuracy": args.accuracy}
     rec = record.new_record(settings, record.environment(args.git_commit))
     gpu = record.gpu_query()
-    others = record.other_gpu_processes(gpu.get("uuid"))   # before torch: our process is not there yet
+    # Before torch initializes CUDA, so this process is not on the GPU yet.
+    others = record.other_gpu_processes(record.gpu_processes(gpu.get("uuid")), self_on_gpu=False)
     if others is None:
         rec["warnings"].append("nvidia-smi unavailable: could not check for other processes on the GPU")
     elif others:
@@ -384,7 +387,12 @@ def main_bench(argv=None) -> int:
     if not torch.cuda.is_available():
         print("open-vc-attn-bench: torch sees no CUDA device", file=sys.stderr)
         return 2
-    torch.set_grad_enabled(False)
+    with torch.no_grad():   # scoped, not set_grad_enabled: main_bench may run inside a test session
+        return _run(torch, args, rec, cases, gpu, t_start, log)
+
+
+def _run(torch, args, rec, cases, gpu, t_start, log) -> int:
+    from . import backends as bk
     device = torch.device("cuda", 0)
     record.add_torch_facts(rec["environment"], torch, device)
     for name in args.backends:
@@ -417,12 +425,13 @@ def main_bench(argv=None) -> int:
     gpu_after = record.gpu_query()
     rec["environment"]["sm_clock_mhz_after"] = gpu_after.get("sm_clock_mhz")
     rec["environment"]["temperature_c_after"] = gpu_after.get("temperature_c")
-    others = record.other_gpu_processes(gpu.get("uuid"))
+    others = record.other_gpu_processes(record.gpu_processes(gpu.get("uuid")), self_on_gpu=True)
     if others:
         rec["gpu_shared"] = True
         rec["warnings"].append("other processes appeared on the GPU during the run: "
                                + ", ".join(f"pid {p['pid']} {p['name']}" for p in others))
-    rec["status"] = "complete"
+    # "partial": a case failed or the time budget skipped some (the warnings say which).
+    rec["status"] = "complete" if len(rec["cases"]) == len(jobs) else "partial"
     rec["wall_s"] = round(time.time() - t_start, 1)
     record.write_record(rec, args.out)
     for w in rec["warnings"]:

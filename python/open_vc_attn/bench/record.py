@@ -2,8 +2,8 @@
 
 A record (``SCHEMA`` = "open-vc-attn-bench/1") is a JSON object:
 
-    schema, created (ISO 8601 UTC), status ("partial" while cases remain, "complete", "aborted"),
-    gpu_shared (bool), warnings [str],
+    schema, created (ISO 8601 UTC), status ("partial" while cases remain or when one failed or was
+    skipped, "complete"), gpu_shared (bool), warnings [str], wall_s,
     environment: {gpu_name, gpu_uuid, compute_capability, sm_count, l2_bytes, driver, cuda, cudnn,
                   torch, python, numpy, open_vc_attn, packages {dist: version|None},
                   sm_clock_mhz_before, sm_clock_mhz_after, sm_clock_max_mhz, git_commit, git_dirty,
@@ -17,10 +17,12 @@ A record (``SCHEMA`` = "open-vc-attn-bench/1") is a JSON object:
                   copy: {status, bytes, samples_ms, median_ms, gbps (read + write bytes / time)}}
     cases: [{name, batch, seqlen_q, seqlen_k, heads, head_dim, dtype, causal, flops, softmax_scale,
              source {kind: "generator"|"file", ...}, cold_l2 {requested, applied, note},
-             sm_clock_mhz_after_case, accuracy_reference {exact, bf16},
-             results: [{id ("backend:scope"), backend, scope, kind, status, params {}, note?, error?,
+             sm_clock_mhz_after_case, wall_s, visiting_orders [[id]], accuracy_reference {exact, bf16 (id)},
+             results: [{id ("backend:scope", "@budget" for repair), backend, scope, kind, status,
+                        params {}, note?, error?|reason?, traceback?,
                         timing? {method: "cuda_graph"|"eager", capture_error?, calls_per_replay,
-                                 cold_reps, samples_ms [one per round], median_ms, min_ms, tflops},
+                                 cold_reps, call_ms_estimate, samples_ms [one per round], median_ms,
+                                 min_ms, tflops},
                         ratios? {anchor_id: {median, per_round [t_anchor / t_this]}},
                         accuracy? {vs_exact_fp32: METRICS, vs_sdpa_bf16: METRICS|None}}]}]
 
@@ -84,7 +86,7 @@ def validate_record(rec) -> list:
         errors.append(f"record.schema: expected {SCHEMA!r}, got {rec.get('schema')!r}")
     _need(rec, "created", str, "record", errors)
     status = _need(rec, "status", str, "record", errors)
-    if status is not None and status not in ("partial", "complete", "aborted"):
+    if status is not None and status not in ("partial", "complete"):
         errors.append(f"record.status: unknown value {status!r}")
     _need(rec, "gpu_shared", bool, "record", errors)
     _need(rec, "warnings", list, "record", errors)
@@ -206,9 +208,9 @@ def gpu_query(index=None) -> dict:
             "temperature_c": _num(d["temperature.gpu"]), "power_w": _num(d["power.draw"])}
 
 
-def other_gpu_processes(gpu_uuid=None) -> list:
-    """Compute processes on the GPU (all GPUs when gpu_uuid is None) other than this one, as dicts;
-    None when nvidia-smi cannot tell."""
+def gpu_processes(gpu_uuid=None) -> list:
+    """Compute processes on the GPU (all GPUs when gpu_uuid is None) as dicts, this one included when
+    listed; None when nvidia-smi cannot tell."""
     out = _run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
                 "--format=csv,noheader,nounits"])
     if out is None:
@@ -216,13 +218,23 @@ def other_gpu_processes(gpu_uuid=None) -> list:
     procs = []
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4 or not parts[0].isdigit():
+        if len(parts) < 4 or not parts[0].isdigit() or (gpu_uuid and parts[3] != gpu_uuid):
             continue
-        pid = int(parts[0])
-        if pid == os.getpid() or (gpu_uuid and parts[3] != gpu_uuid):
-            continue
-        procs.append({"pid": pid, "name": parts[1], "used_memory_mib": _num(parts[2]), "gpu_uuid": parts[3]})
+        procs.append({"pid": int(parts[0]), "name": parts[1], "used_memory_mib": _num(parts[2]),
+                      "gpu_uuid": parts[3]})
     return procs
+
+
+def other_gpu_processes(procs, self_on_gpu: bool) -> list:
+    """The processes of `procs` that are not this one. In a container nvidia-smi shows host PIDs, so
+    when this process uses the GPU but its PID is not listed, one entry is taken to be this one: the GPU
+    counts as shared only if there are more (and then all are returned, as they cannot be told apart)."""
+    if procs is None:
+        return None
+    mine = [p for p in procs if p["pid"] == os.getpid()]
+    if mine or not self_on_gpu:
+        return [p for p in procs if p["pid"] != os.getpid()]
+    return procs if len(procs) > 1 else []
 
 
 def git_info(paths=()) -> tuple:

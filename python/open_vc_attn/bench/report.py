@@ -131,7 +131,8 @@ def render_markdown(records, plot_paths=(), plot_message=None) -> str:
         if missing:
             out.append("Not available in this run:")
             for n, b in missing.items():
-                out.append(f"- `{n}` ({b.get('label', '')}): {b['status']}: {_esc(b.get('reason', ''))}")
+                label = f" ({b['label']})" if b.get("label") else ""
+                out.append(f"- `{n}`{label}: {b['status']}: {_esc(b.get('reason', ''))}")
             out.append("")
         fp8_ceiling = (ceil.get("gemm_fp8") or {}).get("tflops")
         for case in rec.get("cases", []):
@@ -178,7 +179,7 @@ def _series_plot(plt, groups, xkey, xlabel, title_fmt, fname_fmt, out_dir, logx=
             continue
         series = {}
         for gpu, case, res in pts:
-            series.setdefault((_label(res), res["scope"], res["kind"]), []).append((case[xkey], res["timing"]["tflops"]))
+            series.setdefault((_label(res), res["scope"], res.get("kind")), []).append((case[xkey], res["timing"]["tflops"]))
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for (label, scope, kind), xy in sorted(series.items()):
             xy.sort()

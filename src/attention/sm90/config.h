@@ -35,7 +35,13 @@ enum KernelVariant : int {
   kSkipAccumulate = 4,  // no FP32 accumulation of PV (the tensor-core accumulator only)
   kDoubleConvert = 8,   // ExpCast conversion twice
   kDoubleMax = 16,      // row max twice
+  kFlushEvery1 = 32,    // FP32 accumulation after every tile instead of kFlushTiles
+  kFlushEvery4 = 64,    // ... after every 4 tiles (less FP32 work, more tensor-core accumulation)
 };
+template <int kVariant>
+inline constexpr int flush_tiles() {
+  return (kVariant & kFlushEvery1) ? 1 : (kVariant & kFlushEvery4) ? 4 : KernelConfig::kFlushTiles;
+}
 static_assert(KernelConfig::kBlockM == 128 && KernelConfig::kBlockN == 128,
               "tiles must coincide with the 128-token quantization blocks");
 

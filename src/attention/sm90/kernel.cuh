@@ -359,7 +359,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       release(&sh.v_empty[prev.stage]);
       // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
       // next PV's zero-init flag is a warpgroup-wide operand).
-      const bool flush = !(kVariant & kSkipAccumulate) && (i % Cfg::kFlushTiles == 0);
+      const bool flush = !(kVariant & kSkipAccumulate) && (i % flush_tiles<kVariant>() == 0);
       if (flush) accumulate_tile(st);
       pv_fresh = flush;
       update_max(st, t_lo, t_hi, !flush);
