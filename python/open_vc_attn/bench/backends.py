@@ -334,8 +334,10 @@ def ceiling_builders(device):
         return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
     def copy():
-        src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device).fill_(1)
+        # An elementwise kernel on the SMs: Tensor.copy_ between device buffers runs on the copy
+        # engines, measured at about 2.6 TB/s on the H200, well under what the SMs move.
+        src = torch.ones(COPY_BYTES // 4, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
-        return lambda: dst.copy_(src)
+        return lambda: torch.neg(src, out=dst)
     return {"gemm_fp8": (gemm_fp8, 2 * n ** 3), "gemm_bf16": (gemm_bf16, 2 * n ** 3),
             "copy": (copy, 2 * COPY_BYTES)}

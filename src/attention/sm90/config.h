@@ -37,6 +37,7 @@ enum KernelVariant : int {
   kDoubleMax = 16,      // row max twice
   kFlushEvery1 = 32,    // FP32 accumulation after every tile instead of kFlushTiles
   kFlushEvery4 = 64,    // ... after every 4 tiles (less FP32 work, more tensor-core accumulation)
+  kNoPingPong = 128,    // consumers issue tensor-core work without ordering each other (correct result)
 };
 template <int kVariant>
 inline constexpr int flush_tiles() {

@@ -296,7 +296,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
   // Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own.
   const int my_bar = 1 + wg, other_bar = 2 - wg;
   constexpr int kPair = 2 * 128;
-  if (wg == 1) named_barrier_arrive(1, kPair);  // the first consumer goes first
+  if (wg == 1 && !(kVariant & kNoPingPong)) named_barrier_arrive(1, kPair);  // the first consumer goes first
 
   const uint64_t desc_q = sw128_kmajor_desc(sh.q + 64 * wg * Cfg::kHeadDim);
   RingState ring;
@@ -318,9 +318,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     // around the asynchronous tensor-core work).
     int blk = order(0);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-    named_barrier_sync(my_bar, kPair);
+    if (!(kVariant & kNoPingPong)) named_barrier_sync(my_bar, kPair);
     issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
-    named_barrier_arrive(other_bar, kPair);
+    if (!(kVariant & kNoPingPong)) named_barrier_arrive(other_bar, kPair);
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
@@ -340,11 +340,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     for (int i = 1; i < n; ++i) {
       blk = order(i);
       TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-      named_barrier_sync(my_bar, kPair);
+      if (!(kVariant & kNoPingPong)) named_barrier_sync(my_bar, kPair);
       issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
       issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-      named_barrier_arrive(other_bar, kPair);
+      if (!(kVariant & kNoPingPong)) named_barrier_arrive(other_bar, kPair);
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
@@ -369,9 +369,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     }
     // The last tile's PV.
     TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-    named_barrier_sync(my_bar, kPair);
+    if (!(kVariant & kNoPingPong)) named_barrier_sync(my_bar, kPair);
     issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-    named_barrier_arrive(other_bar, kPair);
+    if (!(kVariant & kNoPingPong)) named_barrier_arrive(other_bar, kPair);
     cute::warpgroup_wait<0>();
     fence_regs(st.pv);
     release(&sh.v_empty[prev.stage]);
