@@ -57,6 +57,31 @@ void prepare_fp8(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, in
   check(st);
 }
 
+// Packed sequences (attention.h): q/k/v views over [total, H, D] (their stride_batch is ignored),
+// cu_seqlens_q/k int32 device pointers of num_seqs + 1 offsets; never read on the host.
+void prepare_fp8_varlen(bool bf16, int num_seqs, int max_seqlen_q, int max_seqlen_k, int heads, int head_dim,
+                        const View& q, const View& k, const View& v, uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k,
+                        uintptr_t q_codes, uintptr_t q_descale, uintptr_t k_codes, uintptr_t k_descale,
+                        uintptr_t v_packed, uintptr_t v_descale, uintptr_t workspace, size_t workspace_bytes,
+                        uintptr_t stream) {
+  openvc::PrepareParams p;
+  p.dtype = bf16 ? openvc::DType::kBFloat16 : openvc::DType::kFloat16;
+  p.num_seqs = num_seqs, p.max_seqlen_q = max_seqlen_q, p.max_seqlen_k = max_seqlen_k;
+  p.heads = heads, p.head_dim = head_dim;
+  p.q = view(q), p.k = view(k), p.v = view(v);
+  p.cu_seqlens_q = ptr<const int>(cu_seqlens_q), p.cu_seqlens_k = ptr<const int>(cu_seqlens_k);
+  p.q_codes = ptr<uint8_t>(q_codes), p.q_descale = ptr<float>(q_descale);
+  p.k_codes = ptr<uint8_t>(k_codes), p.k_descale = ptr<float>(k_descale);
+  p.v_packed = ptr<uint8_t>(v_packed), p.v_descale = ptr<float>(v_descale);
+  p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
+  openvc::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream));
+  }
+  check(st);
+}
+
 void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t q_codes,
                    uintptr_t q_descale, uintptr_t k_codes, uintptr_t k_descale, uintptr_t v_packed,
                    uintptr_t v_descale, uintptr_t out, int64_t out_stride_batch, int64_t out_stride_seq,
@@ -94,6 +119,13 @@ void register_gpu(nb::module_& m) {
         nb::arg("q_descale"), nb::arg("k_codes"), nb::arg("k_descale"), nb::arg("v_packed"),
         nb::arg("v_descale"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
         "Enqueues openvc::prepare_fp8 on `stream`; q/k/v are (ptr, stride_b, stride_s, stride_h) tuples.");
+  m.def("prepare_fp8_varlen", &prepare_fp8_varlen, nb::arg("bf16"), nb::arg("num_seqs"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("heads"), nb::arg("head_dim"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("q_codes"), nb::arg("q_descale"),
+        nb::arg("k_codes"), nb::arg("k_descale"), nb::arg("v_packed"), nb::arg("v_descale"), nb::arg("workspace"),
+        nb::arg("workspace_bytes"), nb::arg("stream"),
+        "Enqueues openvc::prepare_fp8 on packed sequences: q/k/v are [total, H, D] (ptr, 0, stride_s, stride_h) "
+        "tuples, cu_seqlens_q/k int32 device pointers (num_seqs + 1 offsets).");
   m.def("attention_fp8", &attention_fp8, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
         nb::arg("heads"), nb::arg("head_dim"), nb::arg("q_codes"), nb::arg("q_descale"), nb::arg("k_codes"),
         nb::arg("k_descale"), nb::arg("v_packed"), nb::arg("v_descale"), nb::arg("out"),

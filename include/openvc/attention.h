@@ -41,12 +41,36 @@ struct Fp8Inputs {
 inline int64_t packed_seqlen_k(int64_t sk) { return (sk + kQuantBlock - 1) / kQuantBlock * kQuantBlock; }
 inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQuantBlock; }
 
-// ---- Preparation: BF16/FP16 [B,S,H,D] -> Fp8Inputs ----------------------------------------------
+// ---- Preparation: BF16/FP16 [B,S,H,D] or packed [total,H,D] sequences -> Fp8Inputs --------------
+// Two input modes, each sequence quantized separately (no Q/K block and no V group spans two):
+// - Batched (cu_seqlens_q and cu_seqlens_k null, the default): q, k, v are the strided [B, S, H, D]
+//   views above; batch, seqlen_q, seqlen_k give the sizes; outputs as in Fp8Inputs. num_seqs and
+//   max_seqlen_q/k must stay 0.
+// - Packed variable-length sequences (cu_seqlens_q and cu_seqlens_k both set): q is [total_q, H, D]
+//   and k, v are [total_k, H, D] (stride_seq and stride_head used, stride_batch ignored); sequence s
+//   holds tokens [cu[s], cu[s+1]). batch, seqlen_q and seqlen_k are ignored. The cu_seqlens arrays are
+//   device memory, read by the kernels only (never on the host), so their contents may change between
+//   replays of a captured graph. The grid comes from num_seqs and max_seqlen_q/k, which must be >= every
+//   sequence's length (an upper bound is fine; tokens past ceil(max_seqlen/128)*128 of a longer
+//   sequence would be left unwritten, but nothing is written out of bounds); CTAs past a sequence's end
+//   only write zero descales / padding. Outputs, with nq = ceil(max_seqlen_q/128), nk = ceil(max_seqlen_k/128):
+//     q_codes [total_q, H, D], q_descale [num_seqs, H, nq], k_codes [total_k, H, D],
+//     k_descale [num_seqs, H, nk] (blocks past a sequence's end get descale 0),
+//     v_packed [num_seqs, H, D, nk*128] (each sequence's keys start at column 0 of its own slab, in
+//     kPackedKeyOrder inside each 16-key group, zero padding), v_descale [num_seqs, H].
+//   cu = {0, S, 2S, ..., B*S} with max_seqlen = S gives exactly the batched outputs.
+// attention_fp8 takes batched inputs only: packed preparations cannot be attended yet.
 struct PrepareParams {
   DType dtype = DType::kBFloat16;     // of q, k and v alike
   int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
   TokenTensorView q, k, v;
-  // Outputs (sizes as in Fp8Inputs).
+  // Packed sequences (optional, see above): int32 device arrays of num_seqs + 1 offsets, cu[0] = 0,
+  // non-decreasing, 4-byte aligned.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int max_seqlen_q = 0, max_seqlen_k = 0;  // host values, > 0 when packed
+  int num_seqs = 0;                        // > 0 when packed
+  // Outputs (sizes as in Fp8Inputs, or as above for packed sequences).
   uint8_t* q_codes = nullptr;
   float* q_descale = nullptr;
   uint8_t* k_codes = nullptr;
@@ -56,6 +80,7 @@ struct PrepareParams {
   void* workspace = nullptr;          // prepare_workspace_bytes() bytes, 16-byte aligned
   size_t workspace_bytes = 0;
 };
+// Workspace of prepare_fp8: pass (batch, heads), or (num_seqs, heads) for packed sequences.
 size_t prepare_workspace_bytes(int batch, int heads);
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream);
 

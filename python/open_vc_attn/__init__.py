@@ -5,8 +5,10 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
 - ``open_vc_attn.video_inputs``: a deterministic synthetic video-like Q/K/V generator (pure numpy).
 - ``open_vc_attn.cli``: command-line tools (``open-vc-attn-check``).
 - GPU functions on torch CUDA tensors (Hopper, sm_90a), defined in ``open_vc_attn.api``:
-  :func:`attention`, :func:`prepare_fp8`, :func:`attention_fp8` and :class:`PreparedFP8`. They import
-  torch when called, not before; their custom ops live in ``open_vc_attn.ops`` (imports torch).
+  :func:`attention`, :func:`prepare_fp8` (batched, or packed sequences with cu_seqlens),
+  :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
+  elsewhere). They import torch when called, not before; their custom ops live in ``open_vc_attn.ops``
+  (imports torch).
 """
 from __future__ import annotations
 

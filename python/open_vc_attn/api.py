@@ -1,7 +1,10 @@
 """GPU API of open_vc_attn: FP8 ExpCast attention on torch CUDA tensors (Hopper, sm_90a only).
 
 - :func:`prepare_fp8` quantizes BF16/FP16 ``q, k, v`` into a :class:`PreparedFP8` (E4M3 codes, descales,
-  packed V; docs/numerics.md section 1).
+  packed V; docs/numerics.md section 1), batched ``[B, S, H, D]`` or packed variable-length sequences
+  (``cu_seqlens_q/k``; attention on those is not supported yet).
+- :meth:`PreparedFP8.from_quantized` wraps tensors that were quantized elsewhere (e.g. prepared before a
+  sequence-parallel all-to-all) after checking their dtypes, shapes, layout and device.
 - :func:`attention_fp8` runs the ExpCast attention kernel on a :class:`PreparedFP8` (sections 2-5):
   BF16 output of q's shape, optionally the natural-log LSE.
 - :func:`attention` does both in one call.
@@ -39,6 +42,13 @@ class PreparedFP8:
     (keys permuted per 16-key group, see ``_openvc_ext.PACKED_KEY_ORDER``), v_descale float32 [B, H].
     B is 1 for a rank-3 input (``input_rank`` 3); ``dtype`` is the torch dtype of the inputs.
     Reusable: several :func:`attention_fp8` calls may share one preparation.
+
+    Packed variable-length sequences (``is_varlen``: prepare_fp8 with cu_seqlens): ``cu_seqlens_q/k`` are
+    the caller's int32 offset tensors, batch is the sequence count N, seqlen_q/seqlen_k the max_seqlen_q/k
+    given, input_rank 3, and the tensors are q_codes [total_q, H, D], q_descale [N, H, ceil(max_q/128)],
+    k_codes [total_k, H, D], k_descale [N, H, ceil(max_k/128)] (0 past a sequence's end), v_packed
+    [N, H, D, ceil(max_k/128)*128] (each sequence from column 0 of its own slab, zero padding) and
+    v_descale [N, H]. :func:`attention_fp8` does not support them yet.
     """
     q_codes: Any
     q_descale: Any
@@ -53,14 +63,41 @@ class PreparedFP8:
     head_dim: int
     input_rank: int
     dtype: Any
+    cu_seqlens_q: Any = None   # packed sequences only (int32 CUDA tensors of N + 1 offsets)
+    cu_seqlens_k: Any = None
 
     @property
     def device(self):
         return self.q_codes.device
 
+    @property
+    def is_varlen(self) -> bool:
+        """True for a preparation of packed variable-length sequences (cu_seqlens)."""
+        return self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
+
     def tensors(self) -> tuple:
         """The six tensors in the argument order of ``torch.ops.open_vc_attn.attention_fp8``."""
         return (self.q_codes, self.q_descale, self.k_codes, self.k_descale, self.v_packed, self.v_descale)
+
+    @classmethod
+    def from_quantized(cls, q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, *, input_rank=4,
+                       dtype=None) -> "PreparedFP8":
+        """A :class:`PreparedFP8` over tensors quantized elsewhere (for instance by :func:`prepare_fp8` on
+        another rank, before a sequence-parallel all-to-all), for :func:`attention_fp8`.
+
+        input_rank 4: q_codes [B, Sq, H, D], q_descale [B, H, ceil(Sq/128)], k_codes [B, Sk, H, D],
+        k_descale [B, H, ceil(Sk/128)], v_packed [B, H, D, ceil(Sk/128)*128], v_descale [B, H].
+        input_rank 3 (one sequence; attention_fp8 then returns [Sq, H, D]): the same without the B axis.
+        Codes are torch.uint8 or torch.float8_e4m3fn (E4M3 bytes), descales torch.float32; every tensor
+        contiguous, on one CUDA device. v_packed must be in the packed layout of prepare_fp8 (per head,
+        dims by keys, keys permuted inside each 16-key group by ``_openvc_ext.PACKED_KEY_ORDER``, zero
+        padding), not token-major V codes. ``dtype`` (torch.bfloat16 or torch.float16, default bfloat16)
+        records the dtype the inputs had; it does not change the results. Nothing is copied: the result
+        holds uint8 views of the given tensors. B, Sq, Sk, H, D are read from q_codes and k_codes; a bad
+        argument raises TypeError / ValueError naming it and what was expected.
+        """
+        return _from_quantized(cls, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), input_rank,
+                               dtype)
 
 
 # ---- argument checking (plain Python over tensor metadata: torch.compile traces it into guards) -------
@@ -192,6 +229,11 @@ def _check_prepared(prepared):
     torch = _torch()
     if not isinstance(prepared, PreparedFP8):
         raise TypeError(f"prepared: expected a PreparedFP8 from open_vc_attn.prepare_fp8, got {type(prepared).__name__}")
+    if prepared.is_varlen:
+        raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
+                         "attention_fp8: the sm_90a attention kernel takes batched [B, S, H, D] preparations only "
+                         "(prepare_fp8 accepts cu_seqlens; pad the sequences to one length and prepare them "
+                         "batched to attend them now)")
     meta = {}
     for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
         val = getattr(prepared, field)
@@ -209,6 +251,125 @@ def _check_prepared(prepared):
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
     _check_fp8_tensors(prepared.tensors(), "prepared.", sizes)
     return meta
+
+
+_FP8_LAYOUTS = ("[B, Sq, H, D]", "[B, H, ceil(Sq/128)]", "[B, Sk, H, D]", "[B, H, ceil(Sk/128)]",
+                "[B, H, D, ceil(Sk/128)*128]", "[B, H]")
+
+
+def _from_quantized(cls, tensors, input_rank, dtype):
+    """PreparedFP8.from_quantized: checks in the order kind, dtype, rank, sizes, layout, device (last, as in
+    _check_tokens, so that every other check can be exercised with CPU or meta tensors)."""
+    torch = _torch()
+    names = [e[0] for e in _fp8_expectations(1, 1, 1, 1, 1)]
+    if isinstance(input_rank, bool) or not isinstance(input_rank, numbers.Integral) or input_rank not in (3, 4):
+        raise ValueError(f"input_rank: expected 4 ([B, S, H, D] tensors) or 3 (one sequence: the same without "
+                         f"the batch axis), got {input_rank!r}")
+    input_rank = int(input_rank)
+    if dtype is None:
+        dtype = torch.bfloat16
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected None, torch.bfloat16 or torch.float16 (the dtype of the inputs before "
+                         f"quantization), got {dtype!r}")
+    for name, x in zip(names, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    for name, x in zip(names, tensors):
+        if name.endswith("descale"):
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name}: expected dtype torch.float32, got {x.dtype}")
+        elif x.dtype != torch.uint8 and (fp8 is None or x.dtype != fp8):
+            raise TypeError(f"{name}: expected dtype torch.uint8 or torch.float8_e4m3fn (E4M3 codes), got {x.dtype}")
+    drop = 4 - input_rank   # rank 3: no batch axis
+    layouts = [lay.replace("B, ", "") if drop else lay for lay in _FP8_LAYOUTS]
+    for name, x, lay in zip(names, tensors, layouts):
+        want = lay.count(",") + 1
+        if x.dim() != want:
+            raise ValueError(f"{name}: expected rank {want} {lay} (input_rank={input_rank}), got shape {_shape(x)}")
+    t4 = [x.unsqueeze(0) if drop else x for x in tensors]
+    qc, kc = t4[0], t4[2]
+    b, sq, h, d = (int(n) for n in qc.shape)
+    bk, sk, hk, dk = (int(n) for n in kc.shape)
+    if min(b, sq, h, d) < 1 or min(sk, hk, dk) < 1:
+        bad = ("q_codes", tensors[0]) if min(b, sq, h, d) < 1 else ("k_codes", tensors[2])
+        raise ValueError(f"{bad[0]}: expected non-empty dims, got shape {_shape(bad[1])}")
+    if max(b, sq, sk, h, d) > _INT_MAX:
+        raise ValueError(f"q_codes: sizes B, Sq, Sk, H, D must be < 2^31, got {(b, sq, sk, h, d)}")
+    if bk != b:
+        raise ValueError(f"k_codes: expected batch {b} like q_codes, got shape {_shape(tensors[2])}")
+    if hk != h:
+        raise ValueError(f"k_codes: expected {h} heads like q_codes (GQA/MQA is not supported), got shape "
+                         f"{_shape(tensors[2])}")
+    if dk != d:
+        raise ValueError(f"k_codes: expected head_dim {d} like q_codes, got shape {_shape(tensors[2])}")
+    if d not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"q_codes: head_dim {d} is not supported: expected {KERNEL_HEAD_DIM} (or 64, which "
+                         f"attention_fp8 does not take yet), got shape {_shape(tensors[0])}")
+    sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h} D={d}"
+    for (name, shape, _), x, lay in zip(_fp8_expectations(b, sq, sk, h, d), tensors, layouts):
+        want = tuple(shape[drop:])
+        if _shape(x) != want:
+            hint = (" (the packed V layout of prepare_fp8; token-major [B, Sk, H, D] V codes are not accepted)"
+                    if name == "v_packed" else "")
+            raise ValueError(f"{name}: expected shape {want} = {lay} for {sizes_txt}{hint}, got {_shape(x)}")
+    for name, x in zip(names, tensors):
+        if not x.is_contiguous():
+            hint = (" (a permuted view of token-major V codes is not the packed layout)" if name == "v_packed"
+                    else "")
+            raise ValueError(f"{name}: expected a contiguous tensor (the kernel's fixed layout){hint}, got strides "
+                             f"{tuple(x.stride())} for shape {_shape(x)}")
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
+    dev = tensors[0].device
+    if dev.type != "cuda":
+        raise ValueError(f"q_codes: expected a CUDA tensor, got device {dev}")
+    for name, x in zip(names[1:], tensors[1:]):
+        if x.device != dev:
+            raise ValueError(f"{name}: expected a CUDA tensor on q_codes's device {dev}, got {x.device}")
+    t4 = [x.view(torch.uint8) if x.dtype != torch.uint8 and x.dtype != torch.float32 else x for x in t4]
+    _check_fp8_tensors(t4, "", (b, sq, sk, h, d))   # the layout attention_fp8 checks again
+    return cls(*t4, batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=input_rank, dtype=dtype)
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Checks the packed-sequence arguments of prepare_fp8 (q, k, v [total, H, D]) and returns the sequence
+    count. The offsets are never read: no device-to-host copy, so the call stays graph-capturable."""
+    torch = _torch()
+    cus = (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    for name, cu in cus:
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected an int32 CUDA tensor of N + 1 offsets (packed sequences need both "
+                            f"cu_seqlens_q and cu_seqlens_k), got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name}: expected a 1-D tensor of N + 1 >= 2 offsets, got shape {_shape(cu)}")
+        if not cu.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got stride {tuple(cu.stride())}")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"cu_seqlens_k: expected {cu_seqlens_q.shape[0]} offsets like cu_seqlens_q (one per "
+                         f"sequence, plus one), got {cu_seqlens_k.shape[0]}")
+    nseq = int(cu_seqlens_q.shape[0]) - 1
+    if nseq > _INT_MAX:
+        raise ValueError(f"cu_seqlens_q: at most 2^31 - 1 sequences, got {nseq}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        # torch.SymInt: the fake implementation of the op under torch.compile with dynamic shapes.
+        if m is None or isinstance(m, bool) or not isinstance(m, (numbers.Integral, torch.SymInt)):
+            raise TypeError(f"{name}: expected a Python int >= 1 with cu_seqlens (the longest sequence, or an "
+                            f"upper bound; it is never computed from the device offsets), got {type(m).__name__}")
+        if not 1 <= m <= _INT_MAX:
+            raise ValueError(f"{name}: expected an int in [1, 2^31), got {m}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if isinstance(x, torch.Tensor) and x.dim() != 3:
+            total = "total_q" if name == "q" else "total_k"
+            raise ValueError(f"{name}: packed sequences (cu_seqlens) need rank 3 [{total}, H, D], got shape "
+                             f"{_shape(x)}")
+    _check_tokens(q, k, v)     # dtypes, heads, head dim, strides, q's device
+    for name, cu in cus:
+        if cu.device != q.device:
+            raise ValueError(f"{name}: expected a CUDA tensor on q's device {q.device}, got {cu.device}")
+    return nseq
 
 
 def _softmax_scale(x) -> float:
@@ -248,14 +409,33 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse):
 
 # ---- public functions ---------------------------------------------------------------------------------
 
-def prepare_fp8(q, k, v) -> PreparedFP8:
+def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> PreparedFP8:
     """Quantizes ``q, k, v`` for :func:`attention_fp8` (docs/numerics.md section 1).
 
     q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
     bfloat16 or float16 CUDA tensors of one dtype and device; D 128 or 64. The head dim must be
     contiguous; the other strides may be anything that is a multiple of 8 elements, and the data
     16-byte aligned (nothing is copied to fix a layout). The outputs are new tensors.
+
+    Packed variable-length sequences: q [total_q, H, D], k and v [total_k, H, D], with cu_seqlens_q and
+    cu_seqlens_k int32 CUDA tensors of N + 1 offsets (cu[0] = 0, non-decreasing, cu[N] <= total) and
+    max_seqlen_q / max_seqlen_k Python ints >= every sequence's length (an upper bound is fine). The offsets
+    are read on the GPU only (no synchronization: their values are not checked). Each sequence is quantized
+    separately; see :class:`PreparedFP8` for the output layout. :func:`attention_fp8` does not take such a
+    preparation yet.
     """
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if any(x is not None for x in varlen):
+        if cu_seqlens_q is None and cu_seqlens_k is None:
+            name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
+            raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
+                             "None")
+        _check_varlen(q, k, v, *varlen)
+        from . import ops
+        tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        return PreparedFP8(*tensors, batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q),
+                           seqlen_k=int(max_seqlen_k), heads=int(q.shape[1]), head_dim=int(q.shape[2]),
+                           input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     q4, k4, v4, rank = _check_tokens(q, k, v)
     from . import ops
     tensors = ops.prepare_fp8_op(q4, k4, v4)

@@ -2,6 +2,9 @@
 
 - ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v) -> (q_codes, q_descale, k_codes, k_descale,
   v_packed, v_descale)``: rank-4 BF16/FP16 CUDA inputs, new contiguous outputs (see api.PreparedFP8).
+- ``open_vc_attn::prepare_fp8_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+  int max_seqlen_q, int max_seqlen_k) -> (six tensors)``: packed sequences, q [total_q, H, D], k and v
+  [total_k, H, D], int32 offsets (read on the GPU only); outputs as described in api.PreparedFP8.
 - ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
   float softmax_scale, int mid_window_blocks, bool return_lse) -> (out, lse)``: out BF16 [B, Sq, H, D];
   lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
@@ -19,9 +22,11 @@ import torch
 from . import _ext
 from . import api as _api
 
-__all__ = ["prepare_fp8_op", "attention_fp8_op"]
+__all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op"]
 
 _PREPARE_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+_PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+                          "int max_seqlen_k) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                      "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse) "
                      "-> (Tensor, Tensor)")
@@ -105,6 +110,49 @@ def _prepare_fp8_fake(q, k, v):
     return _prepare_outputs(q, k, lambda shape, dtype: q.new_empty(shape, dtype=dtype))
 
 
+# ---- prepare_fp8_varlen (packed sequences) ----------------------------------------------------------------
+
+def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc):
+    total_q, h, d = q.shape
+    total_k = k.shape[0]
+    nq, nk = (max_seqlen_q + 127) // 128, (max_seqlen_k + 127) // 128
+    u8, f32 = torch.uint8, torch.float32
+    return (alloc((total_q, h, d), u8), alloc((nseq, h, nq), f32), alloc((total_k, h, d), u8),
+            alloc((nseq, h, nk), f32), alloc((nseq, h, d, nk * 128), u8), alloc((nseq, h), f32))
+
+
+def _view_packed(x):
+    """(pointer, 0, stride_seq, stride_head) of a [total, H, D] tensor (no batch stride; size-1 dims: 0)."""
+    strides = [st if n > 1 else 0 for n, st in zip(x.shape[:2], x.stride()[:2])]
+    return (x.data_ptr(), 0, *strides)
+
+
+@torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
+                         schema=_PREPARE_VARLEN_SCHEMA)
+def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    nseq = _api._check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_device(q.device)
+    _check_aligned((("q", q), ("k", k), ("v", v)))
+    outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k,
+                                   lambda shape, dtype: torch.empty(shape, dtype=dtype, device=q.device))
+    h, d = int(q.shape[1]), int(q.shape[2])
+    ext = _ext.load()
+    ws = torch.empty(max(int(ext.prepare_workspace_bytes(nseq, h)), 16), dtype=torch.uint8, device=q.device)
+    with torch.cuda.device(q.device):
+        ext.prepare_fp8_varlen(q.dtype == torch.bfloat16, nseq, int(max_seqlen_q), int(max_seqlen_k), h, d,
+                               _view_packed(q), _view_packed(k), _view_packed(v), cu_seqlens_q.data_ptr(),
+                               cu_seqlens_k.data_ptr(), *(t.data_ptr() for t in outs), ws.data_ptr(), ws.numel(),
+                               _stream(q.device))
+    return outs
+
+
+@_prepare_fp8_varlen.register_fake
+def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    nseq = _api._check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k,
+                                   lambda shape, dtype: q.new_empty(shape, dtype=dtype))
+
+
 # ---- attention_fp8 --------------------------------------------------------------------------------------
 
 def _attention_outputs(q_codes, return_lse, alloc):
@@ -153,4 +201,5 @@ def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_desc
 
 # What api.py calls: the registered operator overloads, which torch.compile puts in its graph as they are.
 prepare_fp8_op = torch.ops.open_vc_attn.prepare_fp8.default
+prepare_fp8_varlen_op = torch.ops.open_vc_attn.prepare_fp8_varlen.default
 attention_fp8_op = torch.ops.open_vc_attn.attention_fp8.default

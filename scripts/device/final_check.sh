@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/$B/src:${LD_LIBRARY_PATH:-}
 T=$B/tests/cpp/openvc_gpu_tests
-timeout 200 "$T" --gtest_filter='Sm90*:Prepare*' > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log"
+timeout 200 "$T" --gtest_filter='Sm90*:*Prepare*' > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 for tool in memcheck racecheck synccheck; do
   timeout 120 "$SAN" --tool $tool --error-exitcode 9 "$T" --gtest_filter='Sm90Attention.SmallShapes:Prepare/PrepareShapes.*B2_Sq1000*' \
@@ -18,7 +18,9 @@ done
 for h in 56 7; do timeout 100 "$B/openvc_bench_attention" 73397 $h 1 7 4 2>&1 | tee -a "$OUT/kernel_bench.log"; done
 export OPENVC_CUTLASS_INCLUDE=$PWD/third_party/cutlass/include CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
-timeout 200 open-vc-attn-bench --preset sweep --backends open-vc,sdpa-cudnn --rounds 6 --out "$OUT/bench-sweep.json" \
-  --git-commit "$2" --time-budget-s 170 2>&1 | grep -E "TF|ceilings|record" | tail -20
+timeout 170 open-vc-attn-bench --preset sweep --backends open-vc,sdpa-cudnn --rounds 6 --out "$OUT/bench-sweep.json" \
+  --git-commit "$2" --time-budget-s 140 2>&1 | grep -E "TF|ceilings|record" | tail -20
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_api.py \
+  tests/python/test_gpu_varlen_prepared.py 2>&1 | tail -6
 timeout 120 open-vc-attn-bench --preset wan480 --backends open-vc,sdpa-cudnn --rounds 6 --out "$OUT/bench-wan480.json" \
   --git-commit "$2" --no-ceilings --time-budget-s 100 2>&1 | grep -E "TF|record" | tail -6

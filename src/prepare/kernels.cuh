@@ -1,10 +1,15 @@
-// Preparation kernels (docs/numerics.md section 1): BF16/FP16 [B,S,H,D] -> FP8 E4M3 codes + descales.
+// Preparation kernels (docs/numerics.md section 1): BF16/FP16 [B,S,H,D] or packed [total,H,D]
+// sequences (cu_seqlens) -> FP8 E4M3 codes + descales. "Batch" b below is a sequence: batch index, or
+// packed sequence index.
 //   quantize_qk_kernel: Q and K, one CTA per (batch, head, 128-token block) of either tensor; it also
 //                       zeroes the V amax slot of its (batch, head), so no memset launch is needed.
 //   v_amax_kernel:      V, one CTA per (batch, head, 128-token block): block max, then atomicMax on
 //                       the float bits (amax >= 0, so unsigned order is float order).
 //   v_pack_kernel:      V, one CTA per (batch, head, 128-token block): codes with the per-head scale,
 //                       transposed through shared memory to [B,H,D,Sk_pad] in kPackedKeyOrder.
+// Packed sequences: the grid covers ceil(max_seqlen/128) blocks of every sequence; a CTA whose block
+// starts at or past its sequence's end writes only what the layout needs there (a zero Q/K descale,
+// zero packed-V padding) and exits. With cu_seqlens null every block is in range (batched).
 // All three share one tile walk: 2*D threads, each loading four 16-element chunks (2 x 16 B each)
 // of the block's 128 x D elements, so D=128 and D=64 both issue 8 independent 16-byte loads per
 // thread. Flat grids (head fastest) keep CTAs that run together on neighbouring heads of the same
@@ -43,18 +48,36 @@ __device__ __forceinline__ float2 unpack2<F16>(uint32_t w) {
                      __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))));
 }
 
-// One input tensor: element strides, head dim contiguous.
+// One input tensor: element strides, head dim contiguous. Batched (cu_seqlens null): sequence b is
+// tokens [0, seqlen) at data + b * stride_batch. Packed: sequence b is tokens [cu_seqlens[b],
+// cu_seqlens[b + 1]) of a [total, H, D] tensor (stride_batch unused), seqlen the max length.
 struct TokenArgs {
   const void* data;
   int64_t stride_batch, stride_seq, stride_head;
-  int seqlen;
+  int seqlen;              // batched: every sequence's length; packed: max_seqlen (sizes the grid)
+  const int* cu_seqlens;   // device, num_seqs + 1 offsets; null: batched
 };
+
+// Where sequence b lies: the token row of its first token in the [total, H, D] code outputs (b * S
+// when batched), the element offset of that token in the input, and its length.
+struct SeqSpan {
+  int64_t row0;
+  int64_t in_offset;
+  int len;
+};
+__device__ __forceinline__ SeqSpan seq_span(const TokenArgs& a, int b) {
+  if (a.cu_seqlens == nullptr)
+    return {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen};
+  const int start = __ldg(a.cu_seqlens + b);
+  const int end = __ldg(a.cu_seqlens + b + 1);
+  return {start, static_cast<int64_t>(start) * a.stride_seq, end - start};
+}
 
 // Q or K side of quantize_qk_kernel.
 struct QkSide {
   TokenArgs in;
   int nblocks;        // ceil(seqlen / 128)
-  uint8_t* codes;     // [B, S, H, D]
+  uint8_t* codes;     // [B, S, H, D], or [total, H, D] packed
   float* descale;     // [B, H, nblocks]
 };
 struct QkArgs {
@@ -67,7 +90,7 @@ struct VArgs {
   TokenArgs in;
   int heads, nblocks;
   uint32_t* v_amax;   // [B, H] float bits of max |v|
-  uint8_t* v_packed;  // [B, H, D, sk_pad]
+  uint8_t* v_packed;  // [B, H, D, sk_pad], each sequence from column 0 of its slab
   float* v_descale;   // [B, H]
   int64_t sk_pad;
 };
@@ -86,18 +109,18 @@ struct Tile {
   static constexpr int kMinCtas = 1024 / kThreads;
 };
 
-// The 128 x D tile of one (batch, head, block): chunk p of this thread is token
+// The 128 x D tile of one (sequence, head, block): chunk p of this thread is token
 // tid / kChunksPerToken + 32 p, elements 16 * (tid % kChunksPerToken) .. +15. Tokens at or past
-// `valid` read as zero (partial final block).
+// the sequence's end read as zero (partial final block).
 template <int D, bool kStreaming>
-__device__ __forceinline__ void load_tile(const TokenArgs& a, int b, int h, int token0,
+__device__ __forceinline__ void load_tile(const TokenArgs& a, const SeqSpan& span, int h, int token0,
                                           uint4 (&v)[Tile<D>::kPasses][2]) {
   using TL = Tile<D>;
-  const int valid = a.seqlen - token0;
+  const int valid = span.len - token0;
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   // 2-byte elements; int64 arithmetic: one tensor can exceed 2^31 elements (S=73k, H=56: 5e8).
-  const uint16_t* base = static_cast<const uint16_t*>(a.data) + b * a.stride_batch +
+  const uint16_t* base = static_cast<const uint16_t*>(a.data) + span.in_offset +
                          h * a.stride_head + static_cast<int64_t>(token0 + t) * a.stride_seq + 16 * sub;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
@@ -204,20 +227,24 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk;
+  const SeqSpan span = seq_span(s.in, c.b);
+  if (token0 >= span.len) {  // past a packed sequence's end: no tokens, descale 0
+    if (threadIdx.x == 0) *descale = 0.0f;
+    return;
+  }
 
   uint4 v[TL::kPasses][2];
-  load_tile<D, true>(s.in, c.b, c.h, token0, v);
+  load_tile<D, true>(s.in, span, c.h, token0, v);
   const float amax = block_max<D>(thread_amax<T, D>(v), red);
   const float scale_inv = scale_inv_of(amax);
-  if (threadIdx.x == 0)
-    s.descale[(static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk] = descale_of(amax);
+  if (threadIdx.x == 0) *descale = descale_of(amax);
 
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
-  const int valid = s.in.seqlen - token0;
-  // codes [B, S, H, D] contiguous: token row stride H*D bytes.
-  uint8_t* out = s.codes + ((static_cast<int64_t>(c.b) * s.in.seqlen + token0 + t) * args.heads + c.h) * D +
-                 16 * sub;
+  const int valid = span.len - token0;
+  // codes [total, H, D] contiguous ([B, S, H, D] when batched): token row stride H*D bytes.
+  uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
@@ -233,9 +260,12 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   using TL = Tile<D>;
   __shared__ float red[TL::kWarps];
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
+  const SeqSpan span = seq_span(args.in, c.b);
+  const int token0 = c.blk * kBlockTokens;
+  if (token0 >= span.len) return;  // past a packed sequence's end: nothing to add
   uint4 v[TL::kPasses][2];
   // Cached loads: the pack kernel reads V again, and the tail of V may still be in L2 then.
-  load_tile<D, false>(args.in, c.b, c.h, c.blk * kBlockTokens, v);
+  load_tile<D, false>(args.in, span, c.h, token0, v);
   const float amax = block_max<D>(thread_amax<T, D>(v), red);
   // The slot starts at 0 (quantize_qk_kernel), so a zero block has nothing to add.
   if (threadIdx.x == 0 && amax > 0.0f) atomicMax(&args.v_amax[c.b * args.heads + c.h], __float_as_uint(amax));
@@ -255,13 +285,25 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   __shared__ alignas(16) uint32_t tile[kBlockTokens * kWords];
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
   const int token0 = c.blk * kBlockTokens;
-
-  uint4 v[TL::kPasses][2];
-  load_tile<D, true>(args.in, c.b, c.h, token0, v);
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
   const float amax = __uint_as_float(args.v_amax[bh]);
-  const float scale_inv = scale_inv_of(amax);
+  // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0).
   if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
+
+  // Thread (g, w) stores dims 4w..4w+3 of the 16 packed columns of key group g (phase 2 below).
+  const int g = threadIdx.x & 7;
+  const int w = threadIdx.x >> 3;
+  const SeqSpan span = seq_span(args.in, c.b);
+  if (token0 >= span.len) {  // past a packed sequence's end: the whole block is zero padding
+    uint8_t* dst = args.v_packed + (bh * D + 4 * w) * args.sk_pad + token0 + 16 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(dst + i * args.sk_pad) = make_uint4(0, 0, 0, 0);
+    return;
+  }
+
+  uint4 v[TL::kPasses][2];
+  load_tile<D, true>(args.in, span, c.h, token0, v);
+  const float scale_inv = scale_inv_of(amax);
 
   // Phase 1: codes into the swizzled tile. Padding tokens (loaded as 0) become code 0.
   {
@@ -278,8 +320,6 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   // Phase 2: thread (g, w) owns dims 4w..4w+3 of the keys of 16-key group g. It gathers the 16 words
   // (4 dims each) of its keys in packed order, transposes them 4x4 bytes at a time, and writes 16
   // packed keys per dim. A warp's 8 groups cover a row's 128 keys: each store fills whole lines.
-  const int g = threadIdx.x & 7;
-  const int w = threadIdx.x >> 3;
   const int col = 4 * ((w >> 2) ^ (g & (kC - 1))) + (w & 3);
   uint32_t k[16];
 #pragma unroll

@@ -35,14 +35,15 @@ Status check_output(const char* name, const void* p, uintptr_t align) {
   return Status::Ok();
 }
 
-// The kernels read 16-byte vectors (8 elements) at every (batch, token, head) start.
-Status check_input(const char* name, const TokenTensorView& t) {
+// The kernels read 16-byte vectors (8 elements) at every (batch, token, head) start. Packed inputs
+// have no batch stride (it is ignored).
+Status check_input(const char* name, const TokenTensorView& t, bool packed) {
   const std::string n = std::string("prepare_fp8: params.") + name;
   if (t.data == nullptr) return Status::Invalid(n + ".data is null");
   if (!aligned(t.data, 16))
     return Status::Invalid(n + ".data must be 16-byte aligned (the kernels use 16-byte loads)");
   const struct { const char* field; int64_t v; } strides[] = {
-      {"stride_batch", t.stride_batch}, {"stride_seq", t.stride_seq}, {"stride_head", t.stride_head}};
+      {"stride_batch", packed ? 0 : t.stride_batch}, {"stride_seq", t.stride_seq}, {"stride_head", t.stride_head}};
   for (const auto& s : strides) {
     if (s.v % 8 != 0)
       return Status::Invalid(n + "." + s.field + " must be a multiple of 8 elements (16 bytes), got " +
@@ -51,18 +52,51 @@ Status check_input(const char* name, const TokenTensorView& t) {
   return Status::Ok();
 }
 
+// Sequence count and (max) lengths of either mode (attention.h): the grid and output sizes.
+struct Dims {
+  bool packed;
+  int nseq, sq, sk;
+};
+Dims dims_of(const PrepareParams& p) {
+  if (p.cu_seqlens_q != nullptr) return {true, p.num_seqs, p.max_seqlen_q, p.max_seqlen_k};
+  return {false, p.batch, p.seqlen_q, p.seqlen_k};
+}
+
+Status validate_mode(const PrepareParams& p) {
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
+    return Status::Invalid(std::string("prepare_fp8: params.") + (p.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
+                           " is null but " + (p.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k") +
+                           " is set: packed sequences need both, batched inputs neither");
+  if (p.cu_seqlens_q == nullptr) {  // batched
+    if (p.num_seqs != 0 || p.max_seqlen_q != 0 || p.max_seqlen_k != 0)
+      return Status::Invalid("prepare_fp8: params.num_seqs, max_seqlen_q and max_seqlen_k are for packed sequences "
+                             "and must be 0 when cu_seqlens_q/k are null (batched inputs use batch, seqlen_q, "
+                             "seqlen_k); got " + std::to_string(p.num_seqs) + ", " + std::to_string(p.max_seqlen_q) +
+                             ", " + std::to_string(p.max_seqlen_k));
+    OPENVC_RETURN_IF_ERROR(check_positive("batch", p.batch));
+    OPENVC_RETURN_IF_ERROR(check_positive("seqlen_q", p.seqlen_q));
+    return check_positive("seqlen_k", p.seqlen_k);
+  }
+  if (!aligned(p.cu_seqlens_q, alignof(int)))
+    return Status::Invalid("prepare_fp8: params.cu_seqlens_q must be 4-byte aligned (int32)");
+  if (!aligned(p.cu_seqlens_k, alignof(int)))
+    return Status::Invalid("prepare_fp8: params.cu_seqlens_k must be 4-byte aligned (int32)");
+  OPENVC_RETURN_IF_ERROR(check_positive("num_seqs", p.num_seqs));
+  OPENVC_RETURN_IF_ERROR(check_positive("max_seqlen_q", p.max_seqlen_q));
+  return check_positive("max_seqlen_k", p.max_seqlen_k);
+}
+
 Status validate(const PrepareParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
     return Status::Invalid("prepare_fp8: params.dtype must be kBFloat16 or kFloat16");
-  OPENVC_RETURN_IF_ERROR(check_positive("batch", p.batch));
-  OPENVC_RETURN_IF_ERROR(check_positive("seqlen_q", p.seqlen_q));
-  OPENVC_RETURN_IF_ERROR(check_positive("seqlen_k", p.seqlen_k));
+  OPENVC_RETURN_IF_ERROR(validate_mode(p));
+  const Dims d = dims_of(p);
   OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
   if (p.head_dim != 128 && p.head_dim != 64)
     return Status::Unsupported("prepare_fp8: params.head_dim must be 128 or 64, got " + std::to_string(p.head_dim));
-  OPENVC_RETURN_IF_ERROR(check_input("q", p.q));
-  OPENVC_RETURN_IF_ERROR(check_input("k", p.k));
-  OPENVC_RETURN_IF_ERROR(check_input("v", p.v));
+  OPENVC_RETURN_IF_ERROR(check_input("q", p.q, d.packed));
+  OPENVC_RETURN_IF_ERROR(check_input("k", p.k, d.packed));
+  OPENVC_RETURN_IF_ERROR(check_input("v", p.v, d.packed));
   OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("k_codes", p.k_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("v_packed", p.v_packed, 16));
@@ -70,31 +104,39 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_output("k_descale", p.k_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("v_descale", p.v_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
-  const size_t need = prepare_workspace_bytes(p.batch, p.heads);
+  const size_t need = prepare_workspace_bytes(d.nseq, p.heads);
   if (p.workspace_bytes < need)
-    return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) +
-                           ", prepare_workspace_bytes(batch, heads) = " + std::to_string(need) + " needed");
-  // Flat 1-D grids: batch * heads * blocks CTAs must fit gridDim.x.
-  const int64_t blocks = num_quant_blocks(p.seqlen_q) + num_quant_blocks(p.seqlen_k);
-  if (static_cast<int64_t>(p.batch) * p.heads * blocks > INT32_MAX)
-    return Status::Unsupported("prepare_fp8: batch * heads * (ceil(seqlen_q/128) + ceil(seqlen_k/128)) "
-                               "exceeds 2^31 - 1 thread blocks");
+    return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
+                           (d.packed ? "prepare_workspace_bytes(num_seqs, heads) = "
+                                     : "prepare_workspace_bytes(batch, heads) = ") +
+                           std::to_string(need) + " needed");
+  // Flat 1-D grids: sequences * heads * blocks CTAs must fit gridDim.x.
+  const int64_t blocks = num_quant_blocks(d.sq) + num_quant_blocks(d.sk);
+  if (static_cast<int64_t>(d.nseq) * p.heads * blocks > INT32_MAX)
+    return Status::Unsupported(d.packed ? "prepare_fp8: num_seqs * heads * (ceil(max_seqlen_q/128) + "
+                                          "ceil(max_seqlen_k/128)) exceeds 2^31 - 1 thread blocks"
+                                        : "prepare_fp8: batch * heads * (ceil(seqlen_q/128) + ceil(seqlen_k/128)) "
+                                          "exceeds 2^31 - 1 thread blocks");
   return Status::Ok();
 }
 
-prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen) {
-  return {t.data, t.stride_batch, t.stride_seq, t.stride_head, seqlen};
+// Packed inputs: the batch stride is unused (passed as 0), the kernels read the offsets instead.
+prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* cu_seqlens) {
+  return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens};
 }
 
 template <typename T, int D>
 Status launch(const PrepareParams& p, cudaStream_t stream) {
   constexpr int kThreads = prepare::Tile<D>::kThreads;
   auto* v_amax = static_cast<uint32_t*>(p.workspace);
-  const int64_t bh = static_cast<int64_t>(p.batch) * p.heads;
+  const Dims d = dims_of(p);
+  const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
 
   prepare::QkArgs qk{};
-  qk.side[0] = {token_args(p.q, p.seqlen_q), static_cast<int>(num_quant_blocks(p.seqlen_q)), p.q_codes, p.q_descale};
-  qk.side[1] = {token_args(p.k, p.seqlen_k), static_cast<int>(num_quant_blocks(p.seqlen_k)), p.k_codes, p.k_descale};
+  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
+                p.q_descale};
+  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
+                p.k_descale};
   qk.heads = p.heads;
   qk.v_amax = v_amax;
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
@@ -102,13 +144,13 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
 
   prepare::VArgs va{};
-  va.in = token_args(p.v, p.seqlen_k);
+  va.in = token_args(p.v, d.sk, p.cu_seqlens_k);
   va.heads = p.heads;
-  va.nblocks = static_cast<int>(num_quant_blocks(p.seqlen_k));
+  va.nblocks = static_cast<int>(num_quant_blocks(d.sk));
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;
   va.v_descale = p.v_descale;
-  va.sk_pad = packed_seqlen_k(p.seqlen_k);
+  va.sk_pad = packed_seqlen_k(d.sk);
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
   prepare::v_amax_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
   OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel launch");

@@ -1,9 +1,8 @@
 // prepare_fp8 against the CPU reference (docs/numerics.md section 1): codes and descales must be
 // byte-identical. Tests that launch kernels skip, with the reason, where no compute capability 9.0
 // device is present; the argument checks run everywhere (they fail before any CUDA call).
+// Packed sequences (cu_seqlens): test_prepare_varlen.cu.
 // Run: openvc_gpu_tests --gtest_filter='Prepare*'
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +16,8 @@
 #include <vector>
 
 #include "common/e4m3.cuh"
+#include "gpu/gpu_test_util.h"
+#include "gpu/prepare_test_util.h"
 #include "openvc/attention.h"
 #include "openvc/reference.h"
 
@@ -24,142 +25,8 @@ namespace {
 
 using openvc::DType;
 using openvc::PrepareParams;
+using namespace openvc::testing;  // DevBuf, download, Tensor, DevTensor, expect_codes, ...
 namespace ref = openvc::reference;
-
-// ---- device helpers ---------------------------------------------------------------------------
-
-// Empty when a compute capability 9.0 device is current, else why not.
-std::string missing_sm90() {
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
-  }
-  if (count == 0) return "no CUDA device";
-  int dev = 0;
-  cudaDeviceProp prop{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return "cannot query the current CUDA device";
-  }
-  if (prop.major != 9 || prop.minor != 0) {
-    return std::string("device ") + prop.name + " is compute capability " + std::to_string(prop.major) + "." +
-           std::to_string(prop.minor) + "; the kernels need 9.0 (sm_90a)";
-  }
-  return "";
-}
-
-#define SKIP_WITHOUT_SM90()                                                 \
-  do {                                                                      \
-    const std::string _why = missing_sm90();                                \
-    if (!_why.empty()) GTEST_SKIP() << "needs an sm_90a GPU: " << _why;     \
-  } while (0)
-
-#define CUDA_OK(expr) ASSERT_EQ(cudaSuccess, (expr)) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
-
-// Owning device allocation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n = 0) : bytes(n) {
-    if (n && cudaMalloc(&p, n) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { if (p) cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-};
-
-template <typename T>
-std::vector<T> download(const void* p, size_t n) {
-  std::vector<T> h(n);
-  if (cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
-  return h;
-}
-
-// ---- inputs -----------------------------------------------------------------------------------
-
-uint16_t to_bits(DType t, float x) {
-  uint16_t b;
-  if (t == DType::kBFloat16) {
-    const __nv_bfloat16 v = __float2bfloat16_rn(x);
-    std::memcpy(&b, &v, 2);
-  } else {
-    const __half v = __float2half_rn(x);
-    std::memcpy(&b, &v, 2);
-  }
-  return b;
-}
-float from_bits(DType t, uint16_t b) {
-  if (t == DType::kBFloat16) {
-    __nv_bfloat16 v;
-    std::memcpy(&v, &b, 2);
-    return __bfloat162float(v);
-  }
-  __half v;
-  std::memcpy(&v, &b, 2);
-  return __half2float(v);
-}
-
-// A logical [B, S, H, D] tensor: the 16-bit values and their exact float values.
-struct Tensor {
-  int B = 0, S = 0, H = 0, D = 0;
-  std::vector<uint16_t> bits;
-  std::vector<float> values;
-  int64_t index(int b, int s, int h, int d) const { return ((int64_t(b) * S + s) * H + h) * D + d; }
-  void set(DType t, int64_t i, float x) {
-    bits[i] = to_bits(t, x);
-    values[i] = from_bits(t, bits[i]);
-  }
-};
-
-// Fresh normal values, never zero after rounding, with about 1 in 2000 an outlier of 20 to 200.
-Tensor random_tensor(DType t, int B, int S, int H, int D, std::mt19937& rng) {
-  Tensor x{B, S, H, D, {}, {}};
-  const size_t n = size_t(B) * S * H * D;
-  x.bits.resize(n);
-  x.values.resize(n);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  for (size_t i = 0; i < n; ++i) {
-    float v;
-    do {
-      v = normal(rng);
-      if (uni(rng) < 5e-4f) v *= 20.0f + 180.0f * uni(rng);
-    } while (from_bits(t, to_bits(t, v)) == 0.0f);
-    x.set(t, int64_t(i), v);
-  }
-  return x;
-}
-
-// Strides of the device copy, in elements (all multiples of 8, as prepare_fp8 requires).
-enum class Layout { kContiguous, kPadded };
-struct Strides {
-  int64_t b, s, h;
-};
-Strides strides_of(Layout l, int S, int H, int D) {
-  if (l == Layout::kContiguous) return {int64_t(S) * H * D, int64_t(H) * D, D};
-  const int64_t sh = D + 16, ss = H * sh + 8;  // gaps between heads and tokens hold poison
-  return {S * ss + 64, ss, sh};
-}
-
-// Device copy of x with the given strides; gaps hold a huge value that would show up in any amax.
-struct DevTensor {
-  DevBuf buf;
-  Strides st;
-  DevTensor(DType t, const Tensor& x, Strides s)
-      : buf(size_t((x.B - 1) * s.b + (x.S - 1) * s.s + (x.H - 1) * s.h + x.D) * 2), st(s) {
-    std::vector<uint16_t> staging(buf.bytes / 2, to_bits(t, 30000.0f));
-    for (int b = 0; b < x.B; ++b)
-      for (int i = 0; i < x.S; ++i)
-        for (int h = 0; h < x.H; ++h)
-          std::memcpy(&staging[b * s.b + i * s.s + h * s.h], &x.bits[x.index(b, i, h, 0)], size_t(x.D) * 2);
-    if (buf.p) cudaMemcpy(buf.p, staging.data(), buf.bytes, cudaMemcpyHostToDevice);
-  }
-  openvc::TokenTensorView view() const { return {buf.p, st.b, st.s, st.h}; }
-};
 
 // ---- one problem: buffers, params, and the check against the reference -----------------------------
 
@@ -229,42 +96,6 @@ struct Problem {
             download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
   }
 };
-
-std::string hex(unsigned v) {
-  std::ostringstream o;
-  o << "0x" << std::hex << v;
-  return o.str();
-}
-
-// Byte comparison of token-major codes [B, S, H, D]; reports the count and the first difference.
-void expect_codes(const char* what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
-                  const Tensor& x) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && bad++ == 0) first = int64_t(i);
-  if (bad == 0) return;
-  const int64_t d = first % x.D, h = first / x.D % x.H, s = first / (int64_t(x.D) * x.H) % x.S,
-                b = first / (int64_t(x.D) * x.H * x.S);
-  ADD_FAILURE() << what << ": " << bad << " of " << got.size() << " codes differ; first at b=" << b << " s=" << s
-                << " h=" << h << " d=" << d << " (x=" << x.values[first] << "): got " << hex(got[first])
-                << ", reference " << hex(want[first]);
-}
-
-// Bitwise comparison of descales.
-void expect_floats(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], 4) != 0) {
-      uint32_t g, w;
-      std::memcpy(&g, &got[i], 4);
-      std::memcpy(&w, &want[i], 4);
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << " (" << hex(g) << "), reference " << want[i] << " ("
-                    << hex(w) << ")";
-      return;
-    }
-  }
-}
 
 // v_packed [B, H, D, Sk_pad]: column 16G + kappa holds key 16G + kPackedKeyOrder[kappa]; padding 0.
 void expect_packed(const std::vector<uint8_t>& got, const std::vector<uint8_t>& ref_codes, const Shape& s,
