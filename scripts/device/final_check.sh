@@ -19,6 +19,9 @@ for tool in memcheck racecheck; do
   echo "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer-$tool.log" | tail -1)"
 done
 for h in 56 7; do timeout 60 "$B/openvc_bench_attention" 73397 $h 1 7 4 2>&1 | tee -a "$OUT/kernel_bench.log"; done
+# The Python package must load its own libopenvc.so (RUNPATH $ORIGIN), not the carried one: a library
+# built on another machine's toolchain need not match the device's libstdc++.
+unset LD_LIBRARY_PATH
 export OPENVC_CUTLASS_INCLUDE=$PWD/third_party/cutlass/include CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; exit 1; }
 timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu_api.py \
