@@ -74,6 +74,14 @@ inline Status validate(const AttentionParams& p) {
   if ((reinterpret_cast<uintptr_t>(p.out) & 3) != 0 || p.out_stride_seq % 2 != 0 || p.out_stride_head % 2 != 0 ||
       p.out_stride_batch % 2 != 0)
     return Status::Invalid("out: BF16 rows are stored as pairs; pointer must be 4-byte aligned and strides even");
+  // Rows of the output must not overlap: a zero (default) stride would make every row write the same
+  // memory. The stride of a dimension of size 1 is never used.
+  if ((in.heads > 1 && p.out_stride_head < in.head_dim) || (in.seqlen_q > 1 && p.out_stride_seq < in.head_dim) ||
+      (in.batch > 1 && p.out_stride_batch < in.head_dim))
+    return Status::Invalid("out strides (batch " + std::to_string(p.out_stride_batch) + ", seq " +
+                           std::to_string(p.out_stride_seq) + ", head " + std::to_string(p.out_stride_head) +
+                           "): each must be at least head_dim (" + std::to_string(in.head_dim) +
+                           ") where that dimension is larger than 1");
   if (!std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale must be finite, got " + std::to_string(p.softmax_scale));
   if (p.mid_window_blocks < kNaturalOrder)

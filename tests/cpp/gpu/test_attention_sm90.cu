@@ -230,6 +230,14 @@ TEST(Sm90Attention, RejectsBadArguments) {
   p.in = {1, 128, 128, 1, 64, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   st = openvc::attention_fp8(p, nullptr);
   EXPECT_NE(st.message().find("head_dim"), std::string::npos) << st.message();
+  // Unset (zero) output strides are rejected before anything touches the device.
+  alignas(16) static uint8_t fake[64];
+  const float* f = reinterpret_cast<const float*>(fake);
+  p.in = {1, 128, 128, 1, 128, fake, f, fake, f, fake, f};
+  p.out = fake;
+  st = openvc::attention_fp8(p, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("out strides"), std::string::npos) << st.message();
 }
 
 }  // namespace
