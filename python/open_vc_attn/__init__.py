@@ -18,7 +18,7 @@ from .api import PreparedFP8, attention, attention_fp8, prepare_fp8  # torch-fre
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("reference", "video_inputs", "cli", "ops")
+_SUBMODULES = ("reference", "video_inputs", "cli", "parallel", "ops")
 # Not "ops": a star import must not pull in torch.
 __all__ = ["__version__", "attention", "prepare_fp8", "attention_fp8", "PreparedFP8", *_SUBMODULES[:-1]]
 
