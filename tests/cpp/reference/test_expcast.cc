@@ -17,16 +17,16 @@ namespace {
 uint8_t code_of_nats(float u) { return expcast_code(u, 8.0f * kLog2e, 0.0f); }
 
 TEST(ExpCast, HandCheckedBytes) {
-  // u = 0: x = 1143.65 -> 1144 -> 120 = 0x78 = 256.0.
+  // u = 0: x = 119.65 -> 120 = 0x78 = 256.0.
   EXPECT_EQ(code_of_nats(0.0f), 120);
   EXPECT_EQ(e4m3_decode(120), 256.0f);
-  // u = -1: 1143.65 - 11.5416 = 1132.11 -> 108 = exp 13, mantissa 4 -> 2^6 * 1.5 = 96.
+  // u = -1: 119.65 - 11.5416 = 108.11 -> 108 = exp 13, mantissa 4 -> 2^6 * 1.5 = 96.
   EXPECT_EQ(code_of_nats(-1.0f), 108);
   EXPECT_EQ(e4m3_decode(108), 96.0f);
-  // u = -0.17: 1143.65 - 1.962 = 1141.69 -> 118 = exp 14, mantissa 6 -> 2^7 * 1.75 = 224.
+  // u = -0.17: 119.65 - 1.962 = 117.69 -> 118 = exp 14, mantissa 6 -> 2^7 * 1.75 = 224.
   EXPECT_EQ(code_of_nats(-0.17f), 118);
   EXPECT_EQ(e4m3_decode(118), 224.0f);
-  // u = -10.4: 1143.65 - 120.03 = 1023.62 < 1024 -> 0.
+  // u = -10.4: 119.65 - 120.03 = -0.38 < 0 -> 0.
   EXPECT_EQ(code_of_nats(-10.4f), 0);
 }
 
