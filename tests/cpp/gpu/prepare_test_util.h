@@ -18,6 +18,8 @@
 
 namespace openvc::testing {
 
+using openvc::PrepareParams;
+
 inline uint16_t to_bits(DType t, float x) {
   uint16_t b;
   if (t == DType::kBFloat16) {
@@ -134,5 +136,53 @@ inline void expect_floats(const char* what, const std::vector<float>& got, const
     }
   }
 }
+
+// Host copies of one preparation's outputs.
+struct PreparedHost {
+  std::vector<uint8_t> q_codes, k_codes, v_packed;
+  std::vector<float> q_descale, k_descale, v_descale;
+};
+
+// Device outputs and workspace of one preparation (batched or packed): bound into PrepareParams,
+// poisoned before a run and read back after it.
+struct PreparedDevice {
+  DevBuf q_codes, k_codes, v_packed, q_descale, k_descale, v_descale, workspace;
+
+  // groups = sequences (or batch) x heads; nq, nk = Q and K descale blocks per group.
+  PreparedDevice(size_t q_bytes, size_t k_bytes, size_t v_packed_bytes, size_t groups, int nq, int nk,
+                 size_t workspace_bytes)
+      : q_codes(q_bytes),
+        k_codes(k_bytes),
+        v_packed(v_packed_bytes),
+        q_descale(groups * nq * 4),
+        k_descale(groups * nk * 4),
+        v_descale(groups * 4),
+        workspace(workspace_bytes) {}
+  void bind(PrepareParams& p) const {
+    p.q_codes = q_codes.as<uint8_t>();
+    p.k_codes = k_codes.as<uint8_t>();
+    p.v_packed = v_packed.as<uint8_t>();
+    p.q_descale = q_descale.as<float>();
+    p.k_descale = k_descale.as<float>();
+    p.v_descale = v_descale.as<float>();
+    p.workspace = workspace.p;
+    p.workspace_bytes = workspace.bytes;
+  }
+  bool allocated() const {
+    return q_codes.p && k_codes.p && v_packed.p && q_descale.p && k_descale.p && v_descale.p && workspace.p;
+  }
+  // 0xAB everywhere, the workspace too: the kernels must write every output byte and zero the
+  // V amax slots themselves.
+  void poison(cudaStream_t st) const {
+    for (const DevBuf* b : {&q_codes, &k_codes, &v_packed, &q_descale, &k_descale, &v_descale, &workspace})
+      cudaMemsetAsync(b->p, 0xAB, b->bytes, st);
+  }
+  // The first q_count / k_count code bytes (the buffers may be padded), all descales and packed V.
+  PreparedHost read(size_t q_count, size_t k_count) const {
+    return {download<uint8_t>(q_codes.p, q_count),          download<uint8_t>(k_codes.p, k_count),
+            download<uint8_t>(v_packed.p, v_packed.bytes),   download<float>(q_descale.p, q_descale.bytes / 4),
+            download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
+  }
+};
 
 }  // namespace openvc::testing

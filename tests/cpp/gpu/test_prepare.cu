@@ -42,16 +42,13 @@ std::string shape_name(const Shape& s) {
   return o.str();
 }
 
-struct Outputs {
-  std::vector<uint8_t> q_codes, k_codes, v_packed;
-  std::vector<float> q_descale, k_descale, v_descale;
-};
+using Outputs = PreparedHost;
 
 struct Problem {
   Shape sh;
   int nq, nk;
   int64_t sk_pad;
-  DevBuf q_codes, k_codes, v_packed, q_descale, k_descale, v_descale, workspace;
+  PreparedDevice dev;
   PrepareParams params;
 
   explicit Problem(const Shape& s)
@@ -59,42 +56,19 @@ struct Problem {
         nq(int(openvc::num_quant_blocks(s.Sq))),
         nk(int(openvc::num_quant_blocks(s.Sk))),
         sk_pad(openvc::packed_seqlen_k(s.Sk)),
-        q_codes(size_t(s.B) * s.Sq * s.H * s.D),
-        k_codes(size_t(s.B) * s.Sk * s.H * s.D),
-        v_packed(size_t(s.B) * s.H * s.D * sk_pad),
-        q_descale(size_t(s.B) * s.H * nq * 4),
-        k_descale(size_t(s.B) * s.H * nk * 4),
-        v_descale(size_t(s.B) * s.H * 4),
-        workspace(openvc::prepare_workspace_bytes(s.B, s.H)) {
+        dev(size_t(s.B) * s.Sq * s.H * s.D, size_t(s.B) * s.Sk * s.H * s.D, size_t(s.B) * s.H * s.D * sk_pad,
+            size_t(s.B) * s.H, nq, nk, openvc::prepare_workspace_bytes(s.B, s.H)) {
     params.dtype = s.dtype;
     params.batch = s.B;
     params.seqlen_q = s.Sq;
     params.seqlen_k = s.Sk;
     params.heads = s.H;
     params.head_dim = s.D;
-    params.q_codes = q_codes.as<uint8_t>();
-    params.k_codes = k_codes.as<uint8_t>();
-    params.v_packed = v_packed.as<uint8_t>();
-    params.q_descale = q_descale.as<float>();
-    params.k_descale = k_descale.as<float>();
-    params.v_descale = v_descale.as<float>();
-    params.workspace = workspace.p;
-    params.workspace_bytes = workspace.bytes;
+    dev.bind(params);
   }
-  bool allocated() const {
-    return q_codes.p && k_codes.p && v_packed.p && q_descale.p && k_descale.p && v_descale.p && workspace.p;
-  }
-  // 0xAB everywhere, the workspace too: the kernels must write every output byte and zero the
-  // V amax slots themselves.
-  void poison(cudaStream_t st) const {
-    for (const DevBuf* b : {&q_codes, &k_codes, &v_packed, &q_descale, &k_descale, &v_descale, &workspace})
-      cudaMemsetAsync(b->p, 0xAB, b->bytes, st);
-  }
-  Outputs read() const {
-    return {download<uint8_t>(q_codes.p, q_codes.bytes),     download<uint8_t>(k_codes.p, k_codes.bytes),
-            download<uint8_t>(v_packed.p, v_packed.bytes),   download<float>(q_descale.p, q_descale.bytes / 4),
-            download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
-  }
+  bool allocated() const { return dev.allocated(); }
+  void poison(cudaStream_t st) const { dev.poison(st); }
+  Outputs read() const { return dev.read(dev.q_codes.bytes, dev.k_codes.bytes); }
 };
 
 // v_packed [B, H, D, Sk_pad]: column 16G + kappa holds key 16G + kPackedKeyOrder[kappa]; padding 0.

@@ -55,10 +55,7 @@ std::string case_name(const Case& c) {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }  // gtest's parameter printout
 
-struct Outputs {
-  std::vector<uint8_t> q_codes, k_codes, v_packed;
-  std::vector<float> q_descale, k_descale, v_descale;
-};
+using Outputs = PreparedHost;
 
 // Device outputs, offsets and params of one packed problem; q/k/v views are set by the caller.
 struct VarlenProblem {
@@ -66,7 +63,8 @@ struct VarlenProblem {
   std::vector<int> cu_q, cu_k;
   int nseq, max_q, max_k, nq, nk;
   int64_t sk_pad;
-  DevBuf d_cu_q, d_cu_k, q_codes, k_codes, v_packed, q_descale, k_descale, v_descale, workspace;
+  DevBuf d_cu_q, d_cu_k;
+  PreparedDevice dev;
   PrepareParams params;
 
   explicit VarlenProblem(const Case& cs)
@@ -81,13 +79,9 @@ struct VarlenProblem {
         sk_pad(openvc::packed_seqlen_k(max_k)),
         d_cu_q(cu_q.size() * 4),
         d_cu_k(cu_k.size() * 4),
-        q_codes(std::max<size_t>(size_t(cu_q.back()) * cs.H * cs.D, 16)),
-        k_codes(std::max<size_t>(size_t(cu_k.back()) * cs.H * cs.D, 16)),
-        v_packed(size_t(nseq) * cs.H * cs.D * sk_pad),
-        q_descale(size_t(nseq) * cs.H * nq * 4),
-        k_descale(size_t(nseq) * cs.H * nk * 4),
-        v_descale(size_t(nseq) * cs.H * 4),
-        workspace(openvc::prepare_workspace_bytes(nseq, cs.H)) {
+        dev(std::max<size_t>(size_t(cu_q.back()) * cs.H * cs.D, 16),
+            std::max<size_t>(size_t(cu_k.back()) * cs.H * cs.D, 16), size_t(nseq) * cs.H * cs.D * sk_pad,
+            size_t(nseq) * cs.H, nq, nk, openvc::prepare_workspace_bytes(nseq, cs.H)) {
     if (d_cu_q.p) upload(d_cu_q.p, cu_q);
     if (d_cu_k.p) upload(d_cu_k.p, cu_k);
     params.dtype = cs.dtype;
@@ -98,28 +92,12 @@ struct VarlenProblem {
     params.num_seqs = nseq;
     params.max_seqlen_q = max_q;
     params.max_seqlen_k = max_k;
-    params.q_codes = q_codes.as<uint8_t>();
-    params.k_codes = k_codes.as<uint8_t>();
-    params.v_packed = v_packed.as<uint8_t>();
-    params.q_descale = q_descale.as<float>();
-    params.k_descale = k_descale.as<float>();
-    params.v_descale = v_descale.as<float>();
-    params.workspace = workspace.p;
-    params.workspace_bytes = workspace.bytes;
+    dev.bind(params);
   }
-  bool allocated() const {
-    return d_cu_q.p && d_cu_k.p && q_codes.p && k_codes.p && v_packed.p && q_descale.p && k_descale.p &&
-           v_descale.p && workspace.p;
-  }
-  void poison(cudaStream_t st) const {
-    for (const DevBuf* b : {&q_codes, &k_codes, &v_packed, &q_descale, &k_descale, &v_descale, &workspace})
-      cudaMemsetAsync(b->p, 0xAB, b->bytes, st);
-  }
+  bool allocated() const { return d_cu_q.p && d_cu_k.p && dev.allocated(); }
+  void poison(cudaStream_t st) const { dev.poison(st); }
   Outputs read() const {
-    const size_t tq = size_t(cu_q.back()) * c.H * c.D, tk = size_t(cu_k.back()) * c.H * c.D;
-    return {download<uint8_t>(q_codes.p, tq),          download<uint8_t>(k_codes.p, tk),
-            download<uint8_t>(v_packed.p, v_packed.bytes), download<float>(q_descale.p, q_descale.bytes / 4),
-            download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
+    return dev.read(size_t(cu_q.back()) * c.H * c.D, size_t(cu_k.back()) * c.H * c.D);
   }
 };
 
