@@ -111,13 +111,18 @@ def _shape(x) -> tuple:
     return tuple(int(s) for s in x.shape)
 
 
-def _check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
-    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
-    The device comes last, so that every other check can be exercised with CPU tensors."""
+def _require_tensors(q, k, v):
     torch = _torch()
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(x).__name__}")
+
+
+def _check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
+    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
+    The device comes last, so that every other check can be exercised with CPU tensors."""
+    torch = _torch()
+    _require_tensors(q, k, v)
     rank = q.dim()
     if rank not in (3, 4):
         raise ValueError(f"q: expected rank 4 [B, Sq, H, D] or rank 3 [Sq, H, D], got shape {_shape(q)}")

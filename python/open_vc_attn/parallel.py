@@ -30,9 +30,7 @@ __all__ = ["ulysses_attention", "attention_with_lse", "merge_attention_states"]
 E4M3_MAX = 448.0
 
 
-def _torch():
-    import torch
-    return torch
+_torch = _api._torch
 
 
 def _dist():
@@ -46,10 +44,7 @@ def _check_args(q, k, v, world_size, fp8_all_to_all):
     """Checks ulysses_attention's tensors for a group of world_size ranks; returns rank-4 views of q, k, v
     and q's rank. Shape checks come first and the device last (as in api._check_tokens), so that everything
     but the device can be exercised with CPU tensors."""
-    torch = _torch()
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(x).__name__}")
+    _api._require_tensors(q, k, v)
     rank = q.dim()
     if rank not in (3, 4):
         raise ValueError(f"q: expected this rank's sequence shard [B, S/N, H, D] or [S/N, H, D], got shape "
