@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "openvc/attention.h"
+#include "openvc/general.h"
 #include "openvc/status.h"
 
 namespace nb = nanobind;
@@ -106,6 +107,37 @@ void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_di
   check(st);
 }
 
+// The general path (openvc/general.h). Batched: cu_seqlens_q/k = 0 and num_seqs = max_seqlen_q/k = 0.
+// Packed: batch/seqlen_q/seqlen_k ignored, out [total_q, H, D] (stride_batch ignored), lse [H, total_q].
+void attention_general(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t cu_seqlens_q,
+                       uintptr_t cu_seqlens_k, int num_seqs, int max_seqlen_q, int max_seqlen_k, uintptr_t q_codes,
+                       uintptr_t q_descale, uintptr_t k_codes, uintptr_t k_descale, uintptr_t v_packed,
+                       uintptr_t v_descale, bool causal, uintptr_t out, int64_t out_stride_batch,
+                       int64_t out_stride_seq, int64_t out_stride_head, uintptr_t lse, int64_t lse_stride_batch,
+                       int64_t lse_stride_head, float softmax_scale, int mid_window_blocks, uintptr_t stream) {
+  openvc::GeneralAttentionParams p;
+  openvc::Fp8Inputs& in = p.in;
+  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
+  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
+  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
+  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  p.cu_seqlens_q = ptr<const int>(cu_seqlens_q), p.cu_seqlens_k = ptr<const int>(cu_seqlens_k);
+  p.num_seqs = num_seqs, p.max_seqlen_q = max_seqlen_q, p.max_seqlen_k = max_seqlen_k;
+  p.causal = causal;
+  p.out = ptr<void>(out);
+  p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
+  p.lse = ptr<float>(lse);  // 0: no LSE
+  p.lse_stride_batch = lse_stride_batch, p.lse_stride_head = lse_stride_head;
+  p.softmax_scale = softmax_scale;
+  p.mid_window_blocks = mid_window_blocks;
+  openvc::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = openvc::attention_general(p, reinterpret_cast<cudaStream_t>(stream));
+  }
+  check(st);
+}
+
 }  // namespace
 
 void register_gpu(nb::module_& m) {
@@ -132,4 +164,13 @@ void register_gpu(nb::module_& m) {
         nb::arg("out_stride_batch"), nb::arg("out_stride_seq"), nb::arg("out_stride_head"), nb::arg("lse"),
         nb::arg("softmax_scale"), nb::arg("mid_window_blocks"), nb::arg("stream"),
         "Enqueues openvc::attention_fp8 on `stream`; lse = 0 skips the LSE output.");
+  m.def("attention_general", &attention_general, nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"),
+        nb::arg("heads"), nb::arg("head_dim"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("num_seqs"),
+        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("q_codes"), nb::arg("q_descale"),
+        nb::arg("k_codes"), nb::arg("k_descale"), nb::arg("v_packed"), nb::arg("v_descale"), nb::arg("causal"),
+        nb::arg("out"), nb::arg("out_stride_batch"), nb::arg("out_stride_seq"), nb::arg("out_stride_head"),
+        nb::arg("lse"), nb::arg("lse_stride_batch"), nb::arg("lse_stride_head"), nb::arg("softmax_scale"),
+        nb::arg("mid_window_blocks"), nb::arg("stream"),
+        "Enqueues openvc::attention_general (causal, packed sequences, head_dim 64/128) on `stream`; cu_seqlens "
+        "= 0 for batched inputs; lse = 0 skips the LSE output.");
 }

@@ -25,6 +25,8 @@ namespace nb = nanobind;
 namespace ref = openvc::reference;
 
 void register_gpu(nb::module_& m);  // gpu.cc
+void register_vc(nb::module_& m);   // gpu_vc.cc
+void register_repair(nb::module_& m);  // gpu_repair.cc
 
 namespace {
 
@@ -343,4 +345,6 @@ NB_MODULE(_openvc_ext, m) {
         nb::arg("key_tile") = 128, nb::arg("causal") = false);
   m.def("compare", &compare, nb::arg("out"), nb::arg("ref"));
   register_gpu(m);
+  register_vc(m);
+  register_repair(m);
 }

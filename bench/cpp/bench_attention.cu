@@ -157,12 +157,37 @@ int main(int argc, char** argv) {
               "%.0f GB/s) | complete %.3f ms (+%.2f%% over attention)\n",
               S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, prep_gbs, 100.0 * prep_gbs / copy_gbs, copy_gbs,
               t_full, 100.0 * (t_full / t_attn - 1.0));
+  if (argc > 6 && std::string(argv[6]) == "repair") {
+    // Kernel-side cost of V residual repair tiles (the selection is timed by the Python benchmark):
+    // round(budget * S) rows per head of arbitrary codes, visited after every original block.
+    for (double budget : {0.0025, 0.005, 0.01, 0.02, 0.04, 0.08}) {
+      const int rows = int(std::llround(budget * S));
+      const int64_t rp = openvc::repair_padded_rows(rows);
+      uint8_t *rk, *rv;
+      float* rks;
+      CHECK_CUDA(cudaMalloc(&rk, size_t(B) * H * rp * D));
+      CHECK_CUDA(cudaMalloc(&rv, size_t(B) * H * rp * D));
+      CHECK_CUDA(cudaMalloc(&rks, size_t(B) * H * rp * 4));
+      CHECK_CUDA(cudaMemcpy(rk, kc, size_t(B) * H * rp * D, cudaMemcpyDeviceToDevice));
+      CHECK_CUDA(cudaMemset(rv, 0x20, size_t(B) * H * rp * D));
+      CHECK_CUDA(cudaMemcpy(rks, ks, size_t(B) * H * std::min<int64_t>(rp, nb) * 4, cudaMemcpyDeviceToDevice));
+      openvc::AttentionParams rap = ap;
+      rap.repair = {rows, rk, rks, rv, nullptr};
+      const float t_plain = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
+      const float t_rep = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(rap, s)); }, s, rounds, reps);
+      std::printf("  repair budget %.4f: %d rows (%lld tiles) attention %.3f ms vs %.3f ms plain (%+.2f%%)\n", budget,
+                  rows, (long long)(rp / 128), t_rep, t_plain, 100.0 * (t_rep / t_plain - 1.0));
+      CHECK_CUDA(cudaFree(rk));
+      CHECK_CUDA(cudaFree(rv));
+      CHECK_CUDA(cudaFree(rks));
+    }
+  }
 #ifdef OPENVC_BENCH_VARIANTS
   if (argc > 6 && std::string(argv[6]) == "variants") {
     using namespace openvc::sm90;
     struct V {
       const char* name;
-      openvc::Status (*launch)(const openvc::AttentionParams&, cudaStream_t);
+      openvc::Status (*launch)(const openvc::AttentionParams&, cudaStream_t, const VcModeInputs&);
     };
     const V variants[] = {{"production", launch_expcast_attention<kProduction>},
                           {"skip max", launch_expcast_attention<kSkipMax>},
@@ -181,8 +206,8 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpyAsync(base.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
     for (const V& var : variants) {
-      const float t = graph_median_ms([&] { CHECK_OK(var.launch(ap, s)); }, s, rounds, reps);
-      CHECK_OK(var.launch(ap, s));
+      const float t = graph_median_ms([&] { CHECK_OK(var.launch(ap, s, {})); }, s, rounds, reps);
+      CHECK_OK(var.launch(ap, s, {}));
       CHECK_CUDA(cudaMemcpyAsync(got.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
       CHECK_CUDA(cudaStreamSynchronize(s));
       double num = 0, den = 0;

@@ -84,9 +84,28 @@ struct PrepareParams {
 size_t prepare_workspace_bytes(int batch, int heads);
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream);
 
+// ---- V residual repair rows (numerics section 6) ----------------------------------------------------
+// `rows` repair rows per (batch, head), rows = round(budget * Sk) (the same for every head), padded to
+// whole 128-key tiles. Row r of head (b, h) repairs token tokens[(b*H + h)*rows + r]: its key codes are
+// a copy of that token's K codes, its descale that token's K block descale (so the repair key reproduces
+// the original score exactly), its V codes the E4M3 residual code(r_j * scale_inv_V) with the same V
+// scale. The attention kernel visits repair tiles after every original block, adds them to the
+// numerator only and never raises the running max on them. rows == 0 (the default) is the plain path.
+struct RepairInputs {
+  int rows = 0;
+  const uint8_t* k_codes = nullptr;   // [B, H, repair_padded_rows(rows), D] E4M3, padding rows 0
+  const float* k_descale = nullptr;   // [B, H, repair_padded_rows(rows)], 0 for padding rows
+  const uint8_t* v_packed = nullptr;  // [B, H, D, repair_padded_rows(rows)] E4M3, kPackedKeyOrder in
+                                      // each 16-row group, padding 0
+  const int* tokens = nullptr;        // [B, H, rows] selected token indices (energy desc, index asc);
+                                      // for callers and tests, not read by attention
+};
+inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) * kQuantBlock; }
+
 // ---- Attention on prepared inputs -----------------------------------------------------------------
 struct AttentionParams {
   Fp8Inputs in;
+  RepairInputs repair;                 // optional (rows 0: none)
   void* out = nullptr;                 // BF16 [B, Sq, H, D]
   int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;  // elements
   float* lse = nullptr;                // optional FP32 [B, H, Sq], natural log

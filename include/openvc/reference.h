@@ -124,6 +124,21 @@ Status vc_grouping(const float* v, const Sequences& seqs, std::vector<int>* perm
 Status attention_vc(const float* q, const float* k, const float* v, const Sequences& q_seqs,
                     const Sequences& k_seqs, const std::vector<int>& permutation,
                     const AttentionOptions& opt, AttentionResult* res);
+// The V-Smooth preparation that attention_vc attends (and openvc::vc_prepare writes on the GPU), for a
+// permutation laid out as vc_grouping's. Per 128-row block b of the permuted V of a (sequence, head):
+// mu_b = round_to_bf16(float(double sequential sum of the block's valid rows / rows)); residual
+// r = v - mu_b in FP32; per channel over the whole group amax = max |r| (NaN ignored),
+// scale_inv = amax > 0 ? 448 / amax : 0, code = e4m3_encode(r * scale_inv).
+struct VcPrepared {
+  BlockQuantized q;                      // Q per 128-token block, original order
+  BlockQuantized k;                      // the permuted K per 128-token block (rows in permuted order)
+  std::vector<uint8_t> v_codes;          // [total_k, H, D] residual codes of the permuted V, token-major
+  std::vector<float> channel_descale;    // [nseq, H, D] amax / 448; 1 where amax is 0 (its codes are 0)
+  std::vector<float> channel_scale_inv;  // [nseq, H, D] 448 / amax; 0 where amax is 0
+  std::vector<float> block_mean;         // [nseq, H, k.max_blocks, D] BF16 values; 0 past a sequence's end
+};
+Status vc_prepare(const float* q, const float* k, const float* v, const Sequences& q_seqs, const Sequences& k_seqs,
+                  const std::vector<int>& permutation, VcPrepared* out);
 
 // ---- Section 8: error metrics ---------------------------------------------------------------------
 struct ErrorMetrics {

@@ -2,20 +2,24 @@
 
 - :func:`prepare_fp8` quantizes BF16/FP16 ``q, k, v`` into a :class:`PreparedFP8` (E4M3 codes, descales,
   packed V; docs/numerics.md section 1), batched ``[B, S, H, D]`` or packed variable-length sequences
-  (``cu_seqlens_q/k``; attention on those is not supported yet).
+  (``cu_seqlens_q/k``).
 - :meth:`PreparedFP8.from_quantized` wraps tensors that were quantized elsewhere (e.g. prepared before a
   sequence-parallel all-to-all) after checking their dtypes, shapes, layout and device.
-- :func:`attention_fp8` runs the ExpCast attention kernel on a :class:`PreparedFP8` (sections 2-5):
-  BF16 output of q's shape, optionally the natural-log LSE.
-- :func:`attention` does both in one call.
+- :func:`attention_fp8` runs ExpCast attention on a batched :class:`PreparedFP8` (sections 2-5): BF16
+  output of q's shape, optionally the natural-log LSE, optionally causal.
+- :func:`attention` does both in one call, for batched or packed (cu_seqlens) inputs, causal or not,
+  head_dim 128 or 64; ``version="reference", mode="bf16"`` runs torch SDPA in BF16 instead (A/B runs).
+
+Two kernels sit behind these: the sm_90a fast path (head_dim 128, non-causal, batched) and the general
+path (everything else: causal, packed sequences, head_dim 64), with the same numerics contract.
 
 torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
 enqueued on ``torch.cuda.current_stream(device)`` with no host synchronization and no device-to-host
-copy, so the calls can be captured in a CUDA graph; the GPU work goes through the custom ops
-``torch.ops.open_vc_attn.prepare_fp8`` / ``attention_fp8`` (:mod:`open_vc_attn.ops`), which makes the
-functions traceable by ``torch.compile(fullgraph=True)``. The library is inference-only: tensors that
-require grad are rejected. A bad argument raises TypeError (wrong kind) or ValueError (wrong value) whose
-message starts with the argument's name; a GPU other than compute capability 9.0 raises RuntimeError.
+copy (one exception, documented: packed sequences without max_seqlen_q/k), so the calls can be captured
+in a CUDA graph; the GPU work goes through custom ops (:mod:`open_vc_attn.ops`), which makes the functions
+traceable by ``torch.compile(fullgraph=True)``. The library is inference-only: tensors that require grad
+are rejected. A bad argument raises TypeError (wrong kind) or ValueError (wrong value) whose message
+starts with the argument's name; a GPU other than compute capability 9.0 raises RuntimeError.
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ from typing import Any
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 
 QUANT_BLOCK = 128            # tokens per Q/K descale group and per packed-V padding unit
-KERNEL_HEAD_DIM = 128        # the only head dim of the sm_90a attention kernel
-PREPARE_HEAD_DIMS = (128, 64)
+KERNEL_HEAD_DIM = 128        # the only head dim of the sm_90a fast path
+PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8
+VERSIONS = {"open-vc": "expcast", "reference": "bf16"}   # version -> its one mode
 NATURAL_ORDER = -1           # C++ openvc::kNaturalOrder
 _INT_MAX = 2**31 - 1         # sizes and mid_window_blocks are C++ ints
 
@@ -40,7 +45,7 @@ class PreparedFP8:
     q_codes uint8 [B, Sq, H, D] (E4M3), q_descale float32 [B, H, ceil(Sq/128)], k_codes uint8
     [B, Sk, H, D], k_descale float32 [B, H, ceil(Sk/128)], v_packed uint8 [B, H, D, ceil(Sk/128)*128]
     (keys permuted per 16-key group, see ``_openvc_ext.PACKED_KEY_ORDER``), v_descale float32 [B, H].
-    B is 1 for a rank-3 input (``input_rank`` 3); ``dtype`` is the torch dtype of the inputs.
+    B is 1 for a rank-3 input (``input_rank`` 3); ``dtype`` is the torch dtype of the inputs; D is 128 or 64.
     Reusable: several :func:`attention_fp8` calls may share one preparation.
 
     Packed variable-length sequences (``is_varlen``: prepare_fp8 with cu_seqlens): ``cu_seqlens_q/k`` are
@@ -48,7 +53,7 @@ class PreparedFP8:
     given, input_rank 3, and the tensors are q_codes [total_q, H, D], q_descale [N, H, ceil(max_q/128)],
     k_codes [total_k, H, D], k_descale [N, H, ceil(max_k/128)] (0 past a sequence's end), v_packed
     [N, H, D, ceil(max_k/128)*128] (each sequence from column 0 of its own slab, zero padding) and
-    v_descale [N, H]. :func:`attention_fp8` does not support them yet.
+    v_descale [N, H]. :func:`attention_fp8` does not take them (:func:`attention` with cu_seqlens does).
     """
     q_codes: Any
     q_descale: Any
@@ -156,10 +161,8 @@ def _check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
             if size > _INT_MAX:
                 raise ValueError(f"{name}: dims must be < 2^31 (C++ ints), got shape {_shape(x)}")
     if q4.shape[3] not in head_dims:
-        why = ("prepare_fp8 accepts 64, the sm_90a attention kernel does not yet" if caller == "attention"
-               else "attention_fp8: 128 only")
         raise ValueError(f"q: head_dim {q4.shape[3]} is not supported: {caller} takes "
-                         f"{' or '.join(str(d) for d in head_dims)} ({why}), got shape {_shape(q)}")
+                         f"{' or '.join(str(d) for d in head_dims)}, got shape {_shape(q)}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.requires_grad:
             raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only "
@@ -236,9 +239,8 @@ def _check_prepared(prepared):
         raise TypeError(f"prepared: expected a PreparedFP8 from open_vc_attn.prepare_fp8, got {type(prepared).__name__}")
     if prepared.is_varlen:
         raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
-                         "attention_fp8: the sm_90a attention kernel takes batched [B, S, H, D] preparations only "
-                         "(prepare_fp8 accepts cu_seqlens; pad the sequences to one length and prepare them "
-                         "batched to attend them now)")
+                         "attention_fp8, which takes batched [B, S, H, D] preparations only; attend packed "
+                         "sequences with open_vc_attn.attention(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...)")
     meta = {}
     for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
         val = getattr(prepared, field)
@@ -250,9 +252,8 @@ def _check_prepared(prepared):
                          f"(batch {meta['batch']})")
     if prepared.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"prepared.dtype: expected torch.bfloat16 or torch.float16, got {prepared.dtype}")
-    if meta["head_dim"] != KERNEL_HEAD_DIM:
-        raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim {KERNEL_HEAD_DIM} only, got "
-                         f"{meta['head_dim']} (prepare_fp8 accepts 64, the sm_90a attention kernel does not yet)")
+    if meta["head_dim"] not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
     _check_fp8_tensors(prepared.tensors(), "prepared.", sizes)
     return meta
@@ -309,8 +310,8 @@ def _from_quantized(cls, tensors, input_rank, dtype):
     if dk != d:
         raise ValueError(f"k_codes: expected head_dim {d} like q_codes, got shape {_shape(tensors[2])}")
     if d not in PREPARE_HEAD_DIMS:
-        raise ValueError(f"q_codes: head_dim {d} is not supported: expected {KERNEL_HEAD_DIM} (or 64, which "
-                         f"attention_fp8 does not take yet), got shape {_shape(tensors[0])}")
+        raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
+                         f"{_shape(tensors[0])}")
     sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h} D={d}"
     for (name, shape, _), x, lay in zip(_fp8_expectations(b, sq, sk, h, d), tensors, layouts):
         want = tuple(shape[drop:])
@@ -398,16 +399,58 @@ def _mid_window(x) -> int:
     return int(x)
 
 
-def _return_lse(x) -> bool:
+def _bool_arg(x, name) -> bool:
     if not isinstance(x, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
     return x
 
 
-def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse):
+def _return_lse(x) -> bool:
+    return _bool_arg(x, "return_lse")
+
+
+def _version(version, mode) -> str:
+    """Checks version and mode; returns the version ("open-vc" or "reference")."""
+    modes = sorted(set(VERSIONS.values()))
+    for name, x, allowed in (("version", version, sorted(VERSIONS)), ("mode", mode, modes)):
+        if not isinstance(x, str):
+            raise TypeError(f"{name}: expected a str, one of {allowed}, got {type(x).__name__}")
+        if x not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {x!r}")
+    if VERSIONS[version] != mode:
+        raise ValueError(f"mode: version={version!r} runs mode={VERSIONS[version]!r} only, got mode={mode!r} "
+                         "(FP8 ExpCast is version='open-vc', mode='expcast'; the BF16 SDPA baseline is "
+                         "version='reference', mode='bf16')")
+    return version
+
+
+def _max_seqlen(given, cu):
+    """max_seqlen_q/k: the given value, or the longest sequence read from the offsets (one device-to-host
+    copy, i.e. a synchronization; documented) when it is None and cu is a usable offset tensor. Anything
+    unusable is left to _check_varlen, which names it."""
+    torch = _torch()
+    if given is not None or not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 2 \
+            or cu.dtype != torch.int32:
+        return given
+    return max(1, int((cu[1:] - cu[:-1]).max()))
+
+
+def _fast_path(d, causal, varlen, sq, sk) -> bool:
+    """The sm_90a fast path takes head_dim 128, non-causal, batched, and ceil(Sq/128) * Sk < 2^32."""
+    return not varlen and not causal and d == KERNEL_HEAD_DIM and -(-sq // QUANT_BLOCK) * sk < 2**32
+
+
+def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None):
+    """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None."""
     from . import ops  # registers the custom ops (imports torch) on first use
-    out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse)
-    if rank == 3:  # one sequence: drop the batch axis again (views, no copy)
+    qc, kc = tensors[0], tensors[2]
+    if _fast_path(int(qc.shape[-1]), causal, varlen is not None, qc.shape[-3], kc.shape[-3]):
+        out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse)
+    else:
+        cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
+        out, lse = ops.attention_general_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                                            mid_window_blocks, return_lse)
+    if rank == 3 and varlen is None:  # one sequence: drop the batch axis again (views, no copy)
         out, lse = out[0], (lse[0] if return_lse else lse)
     return (out, lse) if return_lse else out
 
@@ -427,7 +470,7 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
     max_seqlen_q / max_seqlen_k Python ints >= every sequence's length (an upper bound is fine). The offsets
     are read on the GPU only (no synchronization: their values are not checked). Each sequence is quantized
     separately; see :class:`PreparedFP8` for the output layout. :func:`attention_fp8` does not take such a
-    preparation yet.
+    preparation yet (:func:`attention` with cu_seqlens attends packed sequences).
     """
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if any(x is not None for x in varlen):
@@ -449,23 +492,59 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
                        input_rank=rank, dtype=q.dtype)
 
 
-def attention_fp8(prepared, *, softmax_scale=None, mid_window_blocks=4, return_lse=False):
-    """ExpCast FP8 attention on prepared inputs (docs/numerics.md sections 2-5), non-causal.
+def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_blocks=4, return_lse=False):
+    """ExpCast FP8 attention on a batched preparation (docs/numerics.md sections 2-5).
 
-    softmax_scale None means 1/sqrt(D). mid_window_blocks: the key traversal of section 5 (None: natural
-    order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]); with return_lse, (out, lse)
-    where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q). Needs head_dim 128.
+    softmax_scale None means 1/sqrt(D). causal: key j visible to query i iff j <= i + (Sk - Sq).
+    mid_window_blocks: the key traversal of section 5 (None: natural order). Returns out, bfloat16 in q's
+    shape ([B, Sq, H, D] or [Sq, H, D]); with return_lse, (out, lse) where lse is float32 natural-log
+    [B, H, Sq] ([H, Sq] for a rank-3 q). head_dim 128 non-causal runs the sm_90a fast path, everything
+    else the general path. Packed (cu_seqlens) preparations are not taken: use :func:`attention`.
     """
     scale, mid, want_lse = _softmax_scale(softmax_scale), _mid_window(mid_window_blocks), _return_lse(return_lse)
+    causal = _bool_arg(causal, "causal")
     meta = _check_prepared(prepared)
-    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse)
+    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal)
 
 
-def attention(q, k, v, *, softmax_scale=None, mid_window_blocks=4, return_lse=False):
-    """:func:`prepare_fp8` then :func:`attention_fp8` in one call (same arguments and results); the FP8
-    intermediates are freed on return. Needs head_dim 128."""
+def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False, mid_window_blocks=4,
+              cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, version="open-vc",
+              mode="expcast"):
+    """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
+    intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
+
+    Batched: q [B, Sq, H, D] or [Sq, H, D]; k, v [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
+    Packed sequences: q [total_q, H, D], k and v [total_k, H, D] with cu_seqlens_q / cu_seqlens_k (int32
+    CUDA tensors of N + 1 offsets; each sequence is quantized and attended separately). max_seqlen_q /
+    max_seqlen_k: Python ints >= every sequence's length; when omitted they are read from the offsets,
+    which costs one device-to-host synchronization (and so breaks CUDA graph capture and
+    torch.compile(fullgraph=True)): pass them there. bfloat16 or float16, head_dim 128 or 64.
+
+    softmax_scale None means 1/sqrt(D). causal: key j of a sequence is visible to its query i iff
+    j <= i + (Sk - Sq) (aligned to the end); a row that sees no key gives output 0 and lse -inf.
+    mid_window_blocks: key traversal (numerics.md section 5; None: natural order). Returns out, bfloat16
+    in q's shape, or (out, lse) with return_lse: float32 natural-log LSE [B, H, Sq] ([H, Sq] for rank 3,
+    [H, total_q] for packed sequences).
+    """
+    version = _version(version, mode)
     scale, mid, want_lse = _softmax_scale(softmax_scale), _mid_window(mid_window_blocks), _return_lse(return_lse)
-    q4, k4, v4, rank = _check_tokens(q, k, v, head_dims=(KERNEL_HEAD_DIM,), caller="attention")
+    causal = _bool_arg(causal, "causal")
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        if max_seqlen_q is not None or max_seqlen_k is not None:
+            name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
+            raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
+                             "None")
+        q4, k4, v4, rank = _check_tokens(q, k, v, caller="attention")
+        if version == "reference":
+            from . import _sdpa
+            return _sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank)
+        from . import ops
+        return _run_attention(ops.prepare_fp8_op(q4, k4, v4), rank, scale, mid, want_lse, causal)
+    max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k)
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    if version == "reference":
+        from . import _sdpa
+        return _sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse)
     from . import ops
-    tensors = ops.prepare_fp8_op(q4, k4, v4)
-    return _run_attention(tensors, rank, scale, mid, want_lse)
+    tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k))

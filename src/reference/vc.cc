@@ -97,40 +97,38 @@ std::vector<float> apply_permutation(const float* x, const Sequences& seqs, cons
 }
 
 // V-Smooth of one (sequence, head) of the permuted V: per 128-row block the BF16-rounded mean
-// mu [nblk, D], and the dequantized residual deq [len, D] = descale_c * decode(code) with one E4M3
-// scale per channel over the whole group.
-void v_smooth(const float* vp, int64_t start, int len, int H, int h, int D, std::vector<float>* mu,
-              std::vector<float>* deq) {
+// (mean[b * D + c]), the residual codes (rows of the [total, H, D] array `codes`) with one E4M3 scale per
+// channel over the whole group, and the channel's descale (1 when its residual is all zero) and scale_inv.
+void v_smooth(const float* vp, int64_t start, int len, int H, int h, int D, float* mean, uint8_t* codes,
+              float* descale, float* scale_inv) {
   const int nblk = (len + kQuantBlock - 1) / kQuantBlock;
   auto at = [&](int j) { return vp + ((start + j) * H + h) * static_cast<int64_t>(D); };
-  mu->assign(static_cast<size_t>(nblk) * D, 0.0f);
   for (int b = 0; b < nblk; ++b) {
     const int j0 = b * kQuantBlock, j1 = std::min(len, j0 + kQuantBlock);  // partial block: valid rows
     for (int c = 0; c < D; ++c) {
       double sum = 0.0;
       for (int j = j0; j < j1; ++j) sum += at(j)[c];
       // Mean in double, then FP32, then BF16: the kernel stores it as a 16-bit vector.
-      (*mu)[static_cast<size_t>(b) * D + c] = round_to_bf16(static_cast<float>(sum / (j1 - j0)));
+      mean[static_cast<size_t>(b) * D + c] = round_to_bf16(static_cast<float>(sum / (j1 - j0)));
     }
   }
   std::vector<float> resid(static_cast<size_t>(len) * D);
   std::vector<float> amax(D, 0.0f);
   for (int j = 0; j < len; ++j) {
-    const float* m = mu->data() + static_cast<size_t>(j / kQuantBlock) * D;
+    const float* m = mean + static_cast<size_t>(j / kQuantBlock) * D;
     for (int c = 0; c < D; ++c) {
       const float r = at(j)[c] - m[c];  // FP32 subtraction
       resid[static_cast<size_t>(j) * D + c] = r;
       amax[c] = std::max(amax[c], std::fabs(r));
     }
   }
-  deq->assign(static_cast<size_t>(len) * D, 0.0f);
   for (int c = 0; c < D; ++c) {
     // Same scale formulas as section 1, one group per channel.
-    const float scale_inv = amax[c] > 0.0f ? kE4M3Max / amax[c] : 0.0f;
-    const float descale = amax[c] / kE4M3Max;
+    scale_inv[c] = amax[c] > 0.0f ? kE4M3Max / amax[c] : 0.0f;
+    descale[c] = amax[c] > 0.0f ? amax[c] / kE4M3Max : 1.0f;
     for (int j = 0; j < len; ++j) {
-      const size_t e = static_cast<size_t>(j) * D + c;
-      (*deq)[e] = descale * e4m3_decode(e4m3_encode(resid[e] * scale_inv));
+      codes[((start + j) * H + h) * static_cast<int64_t>(D) + c] =
+          e4m3_encode(resid[static_cast<size_t>(j) * D + c] * scale_inv[c]);
     }
   }
 }
@@ -138,9 +136,7 @@ void v_smooth(const float* vp, int64_t start, int len, int H, int h, int D, std:
 struct GroupInputs {
   const Sequences& q_seqs;
   const Sequences& k_seqs;
-  const BlockQuantized& q;   // Q, per 128-token block
-  const BlockQuantized& k;   // permuted K, per 128-token block
-  const float* vp;           // permuted V [total_k, H, D], original values
+  const VcPrepared& p;       // Q, permuted K, V-Smooth of the permuted V
   float scale;               // resolved softmax scale
 };
 
@@ -156,12 +152,19 @@ int64_t run_group(const GroupInputs& in, int s, int h, AttentionResult* res) {
   const int nkb = (sk + kQuantBlock - 1) / kQuantBlock;
   const int64_t stride = static_cast<int64_t>(H) * D;
   const size_t g = static_cast<size_t>(s) * H + h;
-  const std::vector<double> q8 = internal::decode_rows(in.q.codes.data() + qs * stride + h * D, sq, stride, D);
-  const std::vector<double> k8 = internal::decode_rows(in.k.codes.data() + ks * stride + h * D, sk, stride, D);
-  std::vector<float> mu, deq;
-  v_smooth(in.vp, ks, sk, H, h, D, &mu, &deq);
-  const float* qdesc = in.q.descale.data() + g * in.q.max_blocks;
-  const float* kdesc = in.k.descale.data() + g * in.k.max_blocks;
+  const VcPrepared& p = in.p;
+  const std::vector<double> q8 = internal::decode_rows(p.q.codes.data() + qs * stride + h * D, sq, stride, D);
+  const std::vector<double> k8 = internal::decode_rows(p.k.codes.data() + ks * stride + h * D, sk, stride, D);
+  const float* mu = p.block_mean.data() + g * p.k.max_blocks * D;
+  const float* vdesc = p.channel_descale.data() + g * D;
+  std::vector<float> deq(static_cast<size_t>(sk) * D);  // dequantized residual, descale_c * decode(code)
+  for (int j = 0; j < sk; ++j) {
+    for (int c = 0; c < D; ++c) {
+      deq[static_cast<size_t>(j) * D + c] = vdesc[c] * e4m3_decode(p.v_codes[(ks + j) * stride + h * D + c]);
+    }
+  }
+  const float* qdesc = p.q.descale.data() + g * p.q.max_blocks;
+  const float* kdesc = p.k.descale.data() + g * p.k.max_blocks;
   float* lse = res->lse.data() + g * in.q_seqs.max_length();
 
   float table[256];
@@ -194,14 +197,14 @@ int64_t run_group(const GroupInputs& in, int s, int h, AttentionResult* res) {
       }
       double psum = 0.0;
       for (int j = j0; j < j1; ++j) {
-        const float p = table[expcast_code(x[j - j0], a, M)];
-        if (p == 0.0f) continue;
-        psum += p;
+        const float pj = table[expcast_code(x[j - j0], a, M)];
+        if (pj == 0.0f) continue;
+        psum += pj;
         const float* r = deq.data() + static_cast<size_t>(j) * D;
-        for (int c = 0; c < D; ++c) A[c] += static_cast<double>(p) * r[c];
+        for (int c = 0; c < D; ++c) A[c] += static_cast<double>(pj) * r[c];
       }
       // The block mean comes back through the block's probability row sum.
-      const float* m = mu.data() + static_cast<size_t>(b) * D;
+      const float* m = mu + static_cast<size_t>(b) * D;
       for (int c = 0; c < D; ++c) A[c] += psum * m[c];
       l += psum;
     }
@@ -268,6 +271,35 @@ Status vc_grouping(const float* v, const Sequences& seqs, std::vector<int>* perm
   return Status::Ok();
 }
 
+Status vc_prepare(const float* q, const float* k, const float* v, const Sequences& q_seqs, const Sequences& k_seqs,
+                  const std::vector<int>& permutation, VcPrepared* out) {
+  OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(q_seqs, k_seqs));
+  OPENVC_RETURN_IF_ERROR(check_tokens(q, "q", q_seqs));
+  OPENVC_RETURN_IF_ERROR(check_tokens(k, "k", k_seqs));
+  OPENVC_RETURN_IF_ERROR(check_tokens(v, "v", k_seqs));
+  if (out == nullptr) return Status::Invalid("out must not be null");
+  OPENVC_RETURN_IF_ERROR(check_permutation(permutation, k_seqs));
+  // Permuting K and V together is exact for non-causal softmax attention; quantization then sees the
+  // permuted token order, so K's 128-token blocks are blocks of the permuted sequence.
+  const std::vector<float> kp = apply_permutation(k, k_seqs, permutation);
+  const std::vector<float> vp = apply_permutation(v, k_seqs, permutation);
+  OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &out->q));
+  OPENVC_RETURN_IF_ERROR(quantize_blocks(kp.data(), k_seqs, &out->k));
+  const int H = k_seqs.num_heads, D = k_seqs.head_dim, nseq = k_seqs.count(), nblk = out->k.max_blocks;
+  out->v_codes.assign(static_cast<size_t>(k_seqs.total_tokens()) * H * D, 0);
+  out->channel_descale.assign(static_cast<size_t>(nseq) * H * D, 1.0f);
+  out->channel_scale_inv.assign(static_cast<size_t>(nseq) * H * D, 0.0f);
+  out->block_mean.assign(static_cast<size_t>(nseq) * H * nblk * D, 0.0f);
+  for (int s = 0; s < nseq; ++s) {
+    for (int h = 0; h < H; ++h) {
+      const size_t g = static_cast<size_t>(s) * H + h;
+      v_smooth(vp.data(), k_seqs.cu_seqlens[s], k_seqs.length(s), H, h, D, out->block_mean.data() + g * nblk * D,
+               out->v_codes.data(), out->channel_descale.data() + g * D, out->channel_scale_inv.data() + g * D);
+    }
+  }
+  return Status::Ok();
+}
+
 // Natural key order only (opt.mid_window_blocks is ignored: the baseline has no mid-window), and no
 // causal mask (the permutation would break it). Rows of a sequence with no keys get output 0 and
 // lse -inf.
@@ -291,18 +323,12 @@ Status attention_vc(const float* q, const float* k, const float* v, const Sequen
     return Status::Invalid("opt.softmax_scale must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(opt.softmax_scale));
   }
-  OPENVC_RETURN_IF_ERROR(check_permutation(permutation, k_seqs));
 
   const int H = q_seqs.num_heads, D = q_seqs.head_dim, nseq = q_seqs.count();
   const float scale = internal::resolve_softmax_scale(opt.softmax_scale, D);
 
-  // Permuting K and V together is exact for non-causal softmax attention; quantization then sees the
-  // permuted token order, so K's 128-token blocks are blocks of the permuted sequence.
-  const std::vector<float> kp = apply_permutation(k, k_seqs, permutation);
-  const std::vector<float> vp = apply_permutation(v, k_seqs, permutation);
-  BlockQuantized qb, kb;
-  OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &qb));
-  OPENVC_RETURN_IF_ERROR(quantize_blocks(kp.data(), k_seqs, &kb));
+  VcPrepared prepared;
+  OPENVC_RETURN_IF_ERROR(vc_prepare(q, k, v, q_seqs, k_seqs, permutation, &prepared));
 
   res->out.assign(static_cast<size_t>(q_seqs.total_tokens()) * H * D, 0.0f);
   res->lse.assign(static_cast<size_t>(nseq) * H * q_seqs.max_length(), -std::numeric_limits<float>::infinity());
@@ -310,7 +336,7 @@ Status attention_vc(const float* q, const float* k, const float* v, const Sequen
 
   // (sequence, head) groups are independent and write disjoint outputs: spread them over the
   // hardware threads like attention_expcast. Results do not depend on the thread count.
-  const GroupInputs in{q_seqs, k_seqs, qb, kb, vp.data(), scale};
+  const GroupInputs in{q_seqs, k_seqs, prepared, scale};
   const int groups = nseq * H;
   const int nthreads = std::max(1, std::min<int>(groups, static_cast<int>(std::thread::hardware_concurrency())));
   std::vector<int64_t> rescales(groups, 0);

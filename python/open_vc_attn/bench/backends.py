@@ -91,7 +91,10 @@ def available(name: str) -> tuple:
         if name == "open-vc":
             _openvc("prepare_fp8", "attention_fp8", "attention")
         elif name == "open-vc-repair":
-            _openvc("attention_v_repair")
+            try:
+                importlib.import_module("open_vc_attn.repair")
+            except Exception as exc:
+                raise Missing(f"open_vc_attn.repair not importable: {type(exc).__name__}: {exc}")
         elif name == "vc":
             try:
                 baselines = importlib.import_module("open_vc_attn.baselines")
@@ -129,18 +132,23 @@ def build_open_vc(inp, scope, mid_window_blocks=4):
 
 
 def build_open_vc_repair(inp, scope, repair_budget=0.005, mid_window_blocks=4):
-    # HOOK: the repair API does not exist yet; these calls follow docs/architecture.md's names
-    # (prepare_v_repair, attention_v_repair). Adjust when it lands; a mismatch shows up as "error".
-    (attention_v_repair,) = _openvc("attention_v_repair")
+    """open_vc_attn.repair: the attention scope times attention_v_repair on a prepared input (FP8
+    preparation + selection + repair rows done once); the complete scope times both per call."""
+    try:
+        from open_vc_attn import repair
+    except Exception as exc:
+        raise Missing(f"open_vc_attn.repair not importable: {type(exc).__name__}: {exc}")
     q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
-    params = {"repair_budget": repair_budget, "mid_window_blocks": mid_window_blocks}
+    budget = 0.005 if repair_budget is None else float(repair_budget)
+    params = {"repair_budget": budget, "mid_window_blocks": mid_window_blocks, "selection": "energy"}
+
+    def attend(prepared):
+        return repair.attention_v_repair(prepared, softmax_scale=scale, mid_window_blocks=mid_window_blocks)
+
     if scope == "attention":
-        (prepare_v_repair,) = _openvc("prepare_v_repair")
-        prepared = prepare_v_repair(q, k, v, repair_budget=repair_budget)
-        return Built(lambda: attention_v_repair(prepared, softmax_scale=scale,
-                                                mid_window_blocks=mid_window_blocks), _first_out, params=params)
-    return Built(lambda: attention_v_repair(q, k, v, repair_budget=repair_budget, softmax_scale=scale,
-                                            mid_window_blocks=mid_window_blocks), _first_out, params=params)
+        prepared = repair.prepare_v_repair(q, k, v, budget=budget)
+        return Built(lambda: attend(prepared), _first_out, params=params)
+    return Built(lambda: attend(repair.prepare_v_repair(q, k, v, budget=budget)), _first_out, params=params)
 
 
 def build_vc(inp, scope):

@@ -38,10 +38,17 @@ enum KernelVariant : int {
   kFlushEvery1 = 32,    // FP32 accumulation after every tile instead of kFlushTiles
   kFlushEvery4 = 64,    // ... after every 4 tiles (less FP32 work, more tensor-core accumulation)
   kNoPingPong = 128,    // consumers issue tensor-core work without ordering each other (correct result)
+  // Not a timing variant: the VC-Attention baseline (numerics section 7). V holds V-Smooth residual
+  // codes with per-channel scales; each tile's block mean comes back through its probability row sum,
+  // so the tensor-core partial is flushed after every tile. Natural key order (set by the host).
+  kVcMode = 256,
+  // Also not a timing variant: the kernel with V residual repair tiles (numerics section 6). A separate
+  // instantiation so that the plain kernel carries none of its code.
+  kWithRepair = 1024,
 };
 template <int kVariant>
 inline constexpr int flush_tiles() {
-  return (kVariant & kFlushEvery1) ? 1 : (kVariant & kFlushEvery4) ? 4 : KernelConfig::kFlushTiles;
+  return (kVariant & (kFlushEvery1 | kVcMode)) ? 1 : (kVariant & kFlushEvery4) ? 4 : KernelConfig::kFlushTiles;
 }
 static_assert(KernelConfig::kBlockM == 128 && KernelConfig::kBlockN == 128,
               "tiles must coincide with the 128-token quantization blocks");

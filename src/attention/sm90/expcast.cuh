@@ -28,6 +28,16 @@ __device__ __forceinline__ uint32_t expcast_pair(float s0, float s1, float a, fl
   return h;
 }
 
+// As expcast_pair with one multiplier per score (repair tiles: every repair key keeps its own block's
+// K descale, so a = qscale * descale_k varies along the row).
+__device__ __forceinline__ uint32_t expcast_pair2(float s0, float s1, float a0, float a1, float b) {
+  const float x0 = fmaf(s0, a0, b);
+  const float x1 = fmaf(s1, a1, b);
+  uint32_t h;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+  return h;
+}
+
 // Low bytes of two f16x2 registers -> four codes {lo0, hi0, lo1, hi1} in one 32-bit register.
 __device__ __forceinline__ uint32_t pack_codes(uint32_t h01, uint32_t h23) {
   return __byte_perm(h01, h23, 0x6420);

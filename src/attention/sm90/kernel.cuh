@@ -26,12 +26,20 @@ struct KernelParams {
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;               // optional [B, H, Sq]
   float qk_multiplier;      // 2^-24 * 8 * log2e * softmax_scale (the scaled ExpCast domain)
+  // V residual repair (numerics section 6): repair_rows rows per (b, h) in repair_tiles key tiles,
+  // visited after every original block; 0 tiles = plain path.
+  int repair_rows, repair_tiles;
+  const float* repair_k_descale;  // [B, H, repair_tiles * 128], each row's own K block descale
+  // VC mode only (kVcMode): per-channel V descales [B, H, D] and block means / descale [B, H, nk, D].
+  const float* vc_channel_descale;
+  const float* vc_mean_scaled;
 };
 
 struct alignas(1024) SharedStorage {
   uint8_t q[Cfg::kQBytes];
   uint8_t k[Cfg::kStages][Cfg::kTileBytes];
   uint8_t v[Cfg::kStages][Cfg::kVStageBytes];
+  float vc_mean[Cfg::kStages][Cfg::kHeadDim];  // VC mode: the V tile's block mean (scaled), same barrier
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
@@ -74,8 +82,10 @@ struct RingState {
   }
 };
 
+template <int kVariant>
 __device__ __forceinline__ void producer_loop(SharedStorage& sh, const KernelParams& p, const CUtensorMap* tm_q,
-                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v) {
+                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                              const CUtensorMap* tm_krep, const CUtensorMap* tm_vrep) {
   RingState ring;
   int iter = 0;
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++iter) {
@@ -91,8 +101,24 @@ __device__ __forceinline__ void producer_loop(SharedStorage& sh, const KernelPar
       cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
                                    c.h, c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
-      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes);
+      constexpr int kMeanBytes = (kVariant & kVcMode) ? Cfg::kHeadDim * 4 : 0;
+      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes + kMeanBytes);
       cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * Cfg::kBlockN, 0,
+                                   c.b * p.heads + c.h);
+      if constexpr (kMeanBytes > 0)
+        cute::SM90_BULK_COPY_G2S::copy(
+            p.vc_mean_scaled + (int64_t(c.b * p.heads + c.h) * p.num_k_blocks + blk) * Cfg::kHeadDim,
+            &sh.v_full[ring.stage], sh.vc_mean[ring.stage], kMeanBytes);
+    }
+    // Repair tiles: K copies [B, H, R, D] and residual V [B*H, D, R], after every original block.
+    for (int r = 0; (kVariant & kWithRepair) && r < p.repair_tiles; ++r, ring.advance()) {
+      Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
+      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
+      cute::SM90_TMA_LOAD_4D::copy(tm_krep, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, r * Cfg::kBlockN, c.h,
+                                   c.b);
+      Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
+      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes);
+      cute::SM90_TMA_LOAD_3D::copy(tm_vrep, &sh.v_full[ring.stage], 0, sh.v[ring.stage], r * Cfg::kBlockN, 0,
                                    c.b * p.heads + c.h);
     }
   }
@@ -170,6 +196,45 @@ __device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
   }
 }
 
+// VC mode (numerics section 7): the tile's block mean comes back through its probability row sum,
+// O += beta (P Vres + l_tile mu / dv) with mu / dv from shared memory (the same stage as the V tile).
+__device__ __forceinline__ void accumulate_tile_vc(ConsumerState& st, const float* mean, int t) {
+  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
+  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
+  const float l_lo = st.pv[64], l_hi = st.pv[66];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 mu = *reinterpret_cast<const float2*>(mean + 8 * j + 2 * t);
+    st.o[4 * j + 0] = fmaf(fmaf(l_lo, mu.x, st.pv[4 * j + 0]), beta_lo, st.o[4 * j + 0]);
+    st.o[4 * j + 1] = fmaf(fmaf(l_lo, mu.y, st.pv[4 * j + 1]), beta_lo, st.o[4 * j + 1]);
+    st.o[4 * j + 2] = fmaf(fmaf(l_hi, mu.x, st.pv[4 * j + 2]), beta_hi, st.o[4 * j + 2]);
+    st.o[4 * j + 3] = fmaf(fmaf(l_hi, mu.y, st.pv[4 * j + 3]), beta_hi, st.o[4 * j + 3]);
+  }
+#pragma unroll
+  for (int i = 64; i < 68; ++i) st.o[i] = fmaf(st.pv[i], i < 66 ? beta_lo : beta_hi, st.o[i]);
+}
+
+// Flush of the tensor-core partial into the FP32 accumulator, in the kernel's mode.
+template <int kVariant>
+__device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage& sh, int stage, int t) {
+  if constexpr ((kVariant & kVcMode) != 0) accumulate_tile_vc(st, sh.vc_mean[stage], t);
+  else accumulate_tile(st);
+}
+
+// Repair tiles add to the numerator only (numerics section 6): the row-sum chunk is left out, so l
+// stays the denominator of the original keys.
+__device__ __forceinline__ void accumulate_numerator(ConsumerState& st) {
+  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
+  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
+    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
+    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
+    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
 #pragma unroll
@@ -220,12 +285,39 @@ __device__ __forceinline__ void convert_tile(const float (&s)[64], float a, floa
   }
 }
 
+// Codes of a repair tile against the final max: the same FMA with each key's own multiplier
+// qscale * descale_k (kd: the tile's 128 per-row descales), then padded rows cleared.
+__device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float qscale, const float* kd, int valid,
+                                                    float b_lo, float b_hi, int t, uint32_t (&p)[16]) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    uint32_t h[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int j = 4 * kb + q;  // 8-column chunk
+      const float2 d = __ldg(reinterpret_cast<const float2*>(kd + 8 * j + 2 * t));
+      const float a0 = qscale * d.x, a1 = qscale * d.y;
+      h[q][0] = expcast_pair2(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo);
+      h[q][1] = expcast_pair2(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi);
+    }
+    p[4 * kb + 0] = pack_codes(h[0][0], h[1][0]);
+    p[4 * kb + 1] = pack_codes(h[0][1], h[1][1]);
+    p[4 * kb + 2] = pack_codes(h[2][0], h[3][0]);
+    p[4 * kb + 3] = pack_codes(h[2][1], h[3][1]);
+  }
+  if (valid < Cfg::kBlockN) mask_codes(p, valid, t);
+}
+
+template <int kVariant>
 __device__ __forceinline__ void store_output(const ConsumerState& st, const KernelParams& p, const TileCoord& c,
                                              int row_base, int g, int t) {
+  constexpr bool kVc = (kVariant & kVcMode) != 0;
   // Every column of the extra chunk is the row sum, so each thread already holds l for its rows
   // (a shuffle of an accumulator register here serializes the wgmma pipeline in ptxas 13.0).
   const float l_lo = st.o[64], l_hi = st.o[66];
-  const float dv = p.v_descale[c.b * p.heads + c.h];
+  // VC: per-channel descales, applied per column below (the V descale is then 1).
+  const float dv = kVc ? 1.0f : p.v_descale[c.b * p.heads + c.h];
+  const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * Cfg::kHeadDim;
   // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
   const float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   const int r_lo = c.qt * Cfg::kBlockM + row_base + g, r_hi = r_lo + 8;
@@ -233,16 +325,20 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   if (r_lo < p.seqlen_q) {
     __nv_bfloat16* row = base + r_lo * p.out_stride_s;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < 16; ++j) {
+      const float2 w = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(st.o[4 * j + 0] * s_lo, st.o[4 * j + 1] * s_lo);
+          __floats2bfloat162_rn(st.o[4 * j + 0] * w.x * s_lo, st.o[4 * j + 1] * w.y * s_lo);
+    }
   }
   if (r_hi < p.seqlen_q) {
     __nv_bfloat16* row = base + r_hi * p.out_stride_s;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < 16; ++j) {
+      const float2 w = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(st.o[4 * j + 2] * s_hi, st.o[4 * j + 3] * s_hi);
+          __floats2bfloat162_rn(st.o[4 * j + 2] * w.x * s_hi, st.o[4 * j + 3] * w.y * s_hi);
+    }
   }
   if (p.lse != nullptr && t == 0) {
     float* lse = p.lse + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
@@ -289,6 +385,7 @@ __device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)
 
 template <int kVariant>
 __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelParams& p, int wg) {
+  constexpr bool kRepair = (kVariant & kWithRepair) != 0;
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -324,7 +421,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
-    if (n == 1) release(&sh.q_empty);
+    if (n == 1 && !kRepair) release(&sh.q_empty);
     {
       const float a = qscale * kd[blk];
       const int valid = p.seqlen_k - blk * Cfg::kBlockN;
@@ -348,7 +445,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
-      if (i == n - 1) release(&sh.q_empty);
+      if (i == n - 1 && !kRepair) release(&sh.q_empty);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
       const float a = qscale * kd[blk];
       const int valid = p.seqlen_k - blk * Cfg::kBlockN;
@@ -356,14 +453,41 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       tile_max<kVariant>(s, a, valid, t, false, t_lo, t_hi);
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);
-      release(&sh.v_empty[prev.stage]);
+      if constexpr (!(kVariant & kVcMode)) release(&sh.v_empty[prev.stage]);
       // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
       // next PV's zero-init flag is a warpgroup-wide operand).
       const bool flush = !(kVariant & kSkipAccumulate) && (i % flush_tiles<kVariant>() == 0);
-      if (flush) accumulate_tile(st);
+      if (flush) flush_partial<kVariant>(st, sh, prev.stage, t);
+      if constexpr ((kVariant & kVcMode) != 0) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
       update_max(st, t_lo, t_hi, !flush);
       convert_step<kVariant>(st, s, a, valid, t, false);
+      prev = ring;
+      ring.advance();
+    }
+    // Repair tiles (numerics section 6): the same pipeline, no max update (a repair key repeats an
+    // original key's score, which the max already covers), codes against the final max with each
+    // key's own descale, numerator only. The first PV here is the last original tile's.
+    const float* kd_rep = p.repair_k_descale + int64_t(c.b * p.heads + c.h) * p.repair_tiles * Cfg::kBlockN;
+    for (int r = 0; kRepair && r < p.repair_tiles; ++r) {
+      TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
+      if (!(kVariant & kNoPingPong)) named_barrier_sync(my_bar, kPair);
+      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+      TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
+      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
+      if (!(kVariant & kNoPingPong)) named_barrier_arrive(other_bar, kPair);
+      cute::warpgroup_wait<1>();
+      fence_regs(s);
+      release(&sh.k_empty[ring.stage]);
+      if (r == p.repair_tiles - 1) release(&sh.q_empty);
+      cute::warpgroup_wait<0>();
+      fence_regs(st.pv);
+      release(&sh.v_empty[prev.stage]);
+      if (r == 0) accumulate_tile(st);
+      else accumulate_numerator(st);
+      pv_fresh = true;
+      convert_repair_tile(s, qscale, kd_rep + r * Cfg::kBlockN, p.repair_rows - r * Cfg::kBlockN,
+                          expcast_addend(st.m_lo), expcast_addend(st.m_hi), t, st.p);
       prev = ring;
       ring.advance();
     }
@@ -374,16 +498,19 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     if (!(kVariant & kNoPingPong)) named_barrier_arrive(other_bar, kPair);
     cute::warpgroup_wait<0>();
     fence_regs(st.pv);
-    release(&sh.v_empty[prev.stage]);
-    accumulate_tile(st);
-    store_output(st, p, c, row_base, g, t);
+    if constexpr (!(kVariant & kVcMode)) release(&sh.v_empty[prev.stage]);
+    if constexpr (kRepair) accumulate_numerator(st);
+    else flush_partial<kVariant>(st, sh, prev.stage, t);
+    if constexpr ((kVariant & kVcMode) != 0) release(&sh.v_empty[prev.stage]);
+    store_output<kVariant>(st, p, c, row_base, g, t);
   }
 }
 
 template <int kVariant>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     expcast_attention_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ KernelParams p) {
+                             const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_krep,
+                             const __grid_constant__ CUtensorMap tm_vrep, const __grid_constant__ KernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   SharedStorage& sh = *reinterpret_cast<SharedStorage*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -412,7 +539,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) producer_loop(sh, p, &tm_q, &tm_k, &tm_v);
+    if (threadIdx.x == 0) producer_loop<kVariant>(sh, p, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     consumer_loop<kVariant>(sh, p, warpgroup - 1);

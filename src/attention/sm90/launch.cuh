@@ -84,18 +84,51 @@ inline Status validate(const AttentionParams& p) {
                            ") where that dimension is larger than 1");
   if (!std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale must be finite, got " + std::to_string(p.softmax_scale));
+  const RepairInputs& r = p.repair;
+  if (r.rows < 0) return Status::Invalid("repair.rows must be >= 0, got " + std::to_string(r.rows));
+  if (r.rows > 0) {
+    const struct { const void* ptr; const char* name; } rptrs[] = {
+        {r.k_codes, "repair.k_codes"}, {r.k_descale, "repair.k_descale"}, {r.v_packed, "repair.v_packed"}};
+    for (const auto& x : rptrs) {
+      if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null when repair.rows > 0");
+      if (!aligned16(x.ptr)) return Status::Invalid(std::string(x.name) + " must be 16-byte aligned");
+    }
+    if (r.rows > in.seqlen_k)
+      return Status::Invalid("repair.rows (" + std::to_string(r.rows) + ") must not exceed seqlen_k (" +
+                             std::to_string(in.seqlen_k) + ")");
+  }
   if (p.mid_window_blocks < kNaturalOrder)
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " +
                            std::to_string(p.mid_window_blocks));
   return Status::Ok();
 }
 
+template <int kKernel>
+Status launch_kernel(int grid, cudaStream_t stream, const CUtensorMap& tm_q, const CUtensorMap& tm_k,
+                     const CUtensorMap& tm_v, const CUtensorMap& tm_krep, const CUtensorMap& tm_vrep,
+                     const KernelParams& kp) {
+  const size_t smem = sizeof(SharedStorage) + 1024;
+  OPENVC_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(expcast_attention_kernel<kKernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  expcast_attention_kernel<kKernel><<<grid, KernelConfig::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_krep, tm_vrep, kp);
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::Ok();
+}
+
 }  // namespace launch_detail
 
+// Extra inputs of the VC mode (kVcMode), already validated by the caller.
+struct VcModeInputs {
+  const float* channel_descale = nullptr;  // [B, H, D]
+  const float* mean_scaled = nullptr;      // [B, H, nk, D]
+};
+
 template <int kVariant>
-Status launch_expcast_attention(const AttentionParams& params, cudaStream_t stream) {
+Status launch_expcast_attention(const AttentionParams& params, cudaStream_t stream, const VcModeInputs& vc = {}) {
   using namespace launch_detail;
   OPENVC_RETURN_IF_ERROR(validate(params));
+  if ((kVariant & kVcMode) && (vc.channel_descale == nullptr || vc.mean_scaled == nullptr))
+    return Status::Invalid("VC mode needs v_channel_descale and block_mean_scaled");
   const Fp8Inputs& in = params.in;
   int device = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
@@ -115,7 +148,26 @@ Status launch_expcast_attention(const AttentionParams& params, cudaStream_t stre
                                          {cuuint64_t(sk_pad), cuuint64_t(d * sk_pad)},
                                          {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "in.v_packed"));
 
+  // Repair maps over [B, H, R, D] key copies and [B*H, D, R] residual V; without repair the plain
+  // maps stand in (never read).
+  CUtensorMap tm_krep = tm_k, tm_vrep = tm_v;
+  const RepairInputs& rep = params.repair;
+  const int64_t r_pad = repair_padded_rows(rep.rows);
+  if (rep.rows > 0) {
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&tm_krep, rep.k_codes, {cuuint64_t(d), cuuint64_t(r_pad), cuuint64_t(h), cuuint64_t(in.batch)},
+                                           {cuuint64_t(d), cuuint64_t(r_pad * d), cuuint64_t(h * r_pad * d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1, 1}, "repair.k_codes"));
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&tm_vrep, rep.v_packed, {cuuint64_t(r_pad), cuuint64_t(d), cuuint64_t(in.batch * h)},
+                                           {cuuint64_t(r_pad), cuuint64_t(d * r_pad)},
+                                           {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "repair.v_packed"));
+  }
+
   KernelParams kp{};
+  kp.repair_rows = rep.rows;
+  kp.repair_tiles = static_cast<int>(r_pad / KernelConfig::kBlockN);
+  kp.repair_k_descale = rep.k_descale;
+  kp.vc_channel_descale = vc.channel_descale;
+  kp.vc_mean_scaled = vc.mean_scaled;
   kp.batch = in.batch;
   kp.heads = in.heads;
   kp.seqlen_q = in.seqlen_q;
@@ -143,12 +195,14 @@ Status launch_expcast_attention(const AttentionParams& params, cudaStream_t stre
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int grid = static_cast<int>(tiles < sms ? tiles : sms);
-  const size_t smem = sizeof(SharedStorage) + 1024;
-  OPENVC_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(expcast_attention_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  expcast_attention_kernel<kVariant><<<grid, KernelConfig::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, kp);
-  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return Status::Ok();
+  // Repair tiles run in their own instantiation of the production kernel (the plain one has no
+  // repair code at all); the timing variants and the VC mode take none.
+  if constexpr (kVariant == kProduction) {
+    if (rep.rows > 0) return launch_kernel<kProduction | kWithRepair>(grid, stream, tm_q, tm_k, tm_v, tm_krep, tm_vrep, kp);
+  } else {
+    if (rep.rows > 0) return Status::Unsupported("repair rows are supported by the production kernel only");
+  }
+  return launch_kernel<kVariant>(grid, stream, tm_q, tm_k, tm_v, tm_krep, tm_vrep, kp);
 }
 
 }  // namespace openvc::sm90

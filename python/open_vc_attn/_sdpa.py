@@ -1,0 +1,79 @@
+"""The BF16 baseline behind ``attention(..., version="reference", mode="bf16")``: torch's
+scaled_dot_product_attention on BF16 copies of q, k, v, with the conventions of the FP8 path (layouts,
+causal mask aligned to the end, a row without visible keys gives 0 and lse -inf), for A/B comparisons.
+
+Arguments arrive checked by api.attention. Imports torch: import lazily.
+"""
+import math
+
+import torch
+
+_LSE_CHUNK_ELEMS = 1 << 27   # FP32 scores per LSE chunk (512 MiB)
+
+
+def _visible(rows, sq, sk, device):
+    """[len(rows), sk] bool: key j visible to query i iff j <= i + (sk - sq)."""
+    return torch.arange(sk, device=device)[None, :] <= rows[:, None] + (sk - sq)
+
+
+def _one(q, k, v, scale, causal, want_lse):
+    """q [B, Sq, H, D], k and v [B, Sk, H, D] -> out bf16 [B, Sq, H, D] and lse fp32 [B, H, Sq] (or None)."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    if sk == 0:   # no keys at all (an empty packed sequence)
+        lse = torch.full((b, h, sq), float("-inf"), device=q.device) if want_lse else None
+        return q.new_zeros((b, sq, h, d), dtype=torch.bfloat16), lse
+    qt, kt, vt = (x.to(torch.bfloat16).transpose(1, 2) for x in (q, k, v))   # [B, H, S, D]
+    rows = torch.arange(sq, device=q.device)
+    # Causal: always an explicit end-aligned mask, never SDPA's is_causal: under torch.compile with
+    # dynamic shapes `sq == sk` is a SymBool, which is_causal rejects (seen on torch 2.11), and for this
+    # A/B baseline the mask's cost does not matter.
+    mask = _visible(rows, sq, sk, q.device) if causal else None
+    out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+    if causal and sq > sk:   # the first Sq - Sk rows see no key: 0, as in the FP8 path (SDPA gives NaN)
+        out = torch.where((rows >= sq - sk)[:, None], out, out.new_zeros(()))
+    out = out.transpose(1, 2).contiguous()
+    if not want_lse:
+        return out, None
+    # Natural-log LSE of the scaled scores, in FP32 from the BF16 operands, a chunk of query rows at a time.
+    step = max(1, _LSE_CHUNK_ELEMS // max(1, b * h * sk))
+    kf = kt.float().transpose(-1, -2)
+    parts = []
+    for i0 in range(0, sq, step):
+        s = torch.matmul(qt[:, :, i0:i0 + step].float(), kf) * scale
+        if causal:
+            s = s.masked_fill(~_visible(rows[i0:i0 + step], sq, sk, q.device), float("-inf"))
+        parts.append(torch.logsumexp(s, dim=-1))
+    return out, torch.cat(parts, dim=-1)
+
+
+def _scale(scale, d):
+    return scale if scale > 0 else 1.0 / math.sqrt(d)
+
+
+def attention_bf16(q4, k4, v4, scale, causal, want_lse, rank):
+    """Batched: q4 [B, Sq, H, D], k4 and v4 [B, Sk, H, D]; outputs of api.attention's shapes."""
+    out, lse = _one(q4, k4, v4, _scale(scale, q4.shape[-1]), causal, want_lse)
+    if rank == 3:
+        out, lse = out[0], (lse[0] if want_lse else None)
+    return (out, lse) if want_lse else out
+
+
+def attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse):
+    """Packed: q [total_q, H, D], k and v [total_k, H, D]; one SDPA call per sequence. The offsets are
+    copied to the host (a synchronization): acceptable for a baseline. Rows outside every sequence stay 0
+    (lse -inf)."""
+    total_q, h, d = q.shape
+    scale = _scale(scale, d)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    out = q.new_zeros((total_q, h, d), dtype=torch.bfloat16)
+    lse = torch.full((h, total_q), float("-inf"), device=q.device) if want_lse else None
+    for s in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
+        if q1 <= q0:
+            continue
+        o, l = _one(q[q0:q1][None], k[k0:k1][None], v[k0:k1][None], scale, causal, want_lse)
+        out[q0:q1] = o[0]
+        if want_lse:
+            lse[:, q0:q1] = l[0]
+    return (out, lse) if want_lse else out

@@ -1,0 +1,120 @@
+"""Which attention calls of a framework go to openvc: the one dispatch policy of every integration.
+
+:func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
+no synchronization) and answers ``(OPENVC, "")`` when :func:`open_vc_attn.attention` computes exactly this
+call, or ``(FALLBACK, reason)`` when the framework's own attention should run it. Today openvc's fast path
+is the sm_90a kernel: non-causal, unmasked, head dim 128, equal head counts, BF16/FP16 CUDA tensors on a
+compute capability 9.0 device. Short calls and cross-attention to a few keys (text or image tokens) stay
+on the framework's path: quantization and the fixed per-call cost do not pay there, and those calls are a
+small part of a video model's time. When openvc grows a general path (causal, head dim 64, packed
+sequences), this function is the one place that changes.
+
+Imports nothing heavy: the arguments are duck-typed tensors, torch is imported only for the capability
+query of CUDA devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_path"]
+
+OPENVC = "openvc"
+FALLBACK = "fallback"
+
+_DTYPES = ("torch.bfloat16", "torch.float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchPolicy:
+    """Thresholds of :func:`choose_path`.
+
+    min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
+    framework. 1024 keeps text cross-attention (Wan: 512 text tokens, 257 image tokens) and short
+    sequences off openvc; scripts/device/integrations_check.sh prints the measured crossover.
+    head_dims: head dims openvc takes (the fast path: 128).
+    """
+    min_query_tokens: int = 1024
+    min_key_tokens: int = 1024
+    head_dims: tuple = (128,)
+
+    def __post_init__(self):
+        for name in ("min_query_tokens", "min_key_tokens"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
+        if not self.head_dims or any(d not in (64, 128) for d in self.head_dims):
+            raise ValueError(f"head_dims: expected a non-empty tuple of 64 and/or 128, got {self.head_dims!r}")
+
+
+DEFAULT_POLICY = DispatchPolicy()
+
+_capability_cache = {}
+
+
+def _device_reason(device):
+    """None when ``device`` can run openvc's kernels, else why not. The capability is a host-side query,
+    cached per device index (no synchronization)."""
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    index = device.index
+    if index is None:
+        import torch
+        index = torch.cuda.current_device()
+    if index not in _capability_cache:
+        import torch
+        _capability_cache[index] = tuple(torch.cuda.get_device_capability(index))
+    cap = _capability_cache[index]
+    if cap != (9, 0):
+        return f"compute capability {cap[0]}.{cap[1]} (the fast path needs 9.0, sm_90a)"
+    return None
+
+
+def _layout_ok(x) -> bool:
+    """What openvc accepts without a copy: head dim contiguous, other strides multiples of 8 elements,
+    data 16-byte aligned (checked as the storage offset; torch's allocations are aligned)."""
+    strides = x.stride()
+    if x.shape[3] > 1 and strides[3] != 1:
+        return False
+    if any(x.shape[i] > 1 and strides[i] % 8 for i in range(3)):
+        return False
+    return x.storage_offset() % 8 == 0
+
+
+def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=None):
+    """``(OPENVC, "")`` when openvc should run this attention call, else ``(FALLBACK, reason)``.
+
+    q: [B, Sq, H, D], k and v: [B, Sk, Hk, D] (the layout of diffusers' dispatch and of SGLang's attention
+    backends). attn_mask, causal and dropout_p are the call's options as the framework gives them.
+    """
+    policy = DEFAULT_POLICY if policy is None else policy
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return FALLBACK, "rank: expected [B, S, H, D] tensors"
+    if str(q.dtype) not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return FALLBACK, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (needs one of bfloat16, float16)"
+    if attn_mask is not None:
+        return FALLBACK, "attn_mask"
+    if causal:
+        return FALLBACK, "causal"
+    if dropout_p:
+        return FALLBACK, "dropout"
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return FALLBACK, "requires_grad (openvc is inference-only)"
+    d = q.shape[3]
+    if d not in policy.head_dims or k.shape[3] != d or v.shape[3] != d:
+        return FALLBACK, f"head_dim {d}/{k.shape[3]}/{v.shape[3]} (takes {policy.head_dims})"
+    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
+        return FALLBACK, "gqa (unequal head counts)"
+    if k.shape[0] != q.shape[0] or v.shape[:2] != k.shape[:2]:
+        return FALLBACK, "shape mismatch"
+    if q.shape[1] < policy.min_query_tokens:
+        return FALLBACK, f"short query ({q.shape[1]} < {policy.min_query_tokens} tokens)"
+    if k.shape[1] < policy.min_key_tokens:
+        return FALLBACK, f"few keys ({k.shape[1]} < {policy.min_key_tokens})"
+    if not (_layout_ok(q) and _layout_ok(k) and _layout_ok(v)):
+        return FALLBACK, "layout (strides or alignment)"
+    if k.device != q.device or v.device != q.device:
+        return FALLBACK, "devices differ"
+    reason = _device_reason(q.device)
+    if reason:
+        return FALLBACK, reason
+    return OPENVC, ""

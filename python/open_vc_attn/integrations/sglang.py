@@ -1,0 +1,229 @@
+"""SGLang diffusion integration: an attention backend of ``sglang.multimodal_gen`` that runs openvc
+(docs/integrations/sglang.md).
+
+SGLang diffusion builds every attention layer (``LocalAttention``, ``UlyssesAttention``, ``USPAttention``)
+from an ``AttentionBackend`` class chosen by its selector; the layer calls the backend's ``AttentionImpl``
+with ``[B, S, H, D]`` q, k, v after its own sequence-parallel all-to-all. :class:`OpenVCAttentionBackend`
+is such a class: its impl sends each call that openvc's fast path takes
+(:func:`open_vc_attn.integrations.policy.choose_path`) to :func:`open_vc_attn.attention` and every other
+call (cross-attention to text tokens, short sequences, causal text encoders, head dim 64, GQA) to
+SGLang's own ``SDPAImpl``.
+
+SGLang chooses backends from a fixed enum (``AttentionBackendEnum``) with no entry for out-of-tree
+backends, so :func:`install` wraps the platform's ``get_attn_backend_cls_str``: where SGLang would pick a
+dense full-attention backend (torch SDPA, FlashAttention 3/4, FlashAttention 2) it returns this module's
+backend instead; sparse and sliding-window backends, and ring attention (which needs FA or Sage), are left
+alone. The backend reports the enum ``TORCH_SDPA``, the kind of backend it is to SGLang: dense, no
+metadata, no ring merge. Call :func:`install` in every process that builds models; with SGLang's spawned
+workers that means at the top level of the launching script, or run ``python -m
+open_vc_attn.integrations.sglang_cli`` in place of ``sglang``.
+
+Importing this module imports torch and sglang (it subclasses sglang's base classes).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from typing import Any
+
+from sglang.multimodal_gen.runtime.layers.attention.backends.attention_backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+)
+from sglang.multimodal_gen.runtime.layers.attention.backends.sdpa import SDPABackend, SDPAImpl
+from sglang.multimodal_gen.runtime.platforms import AttentionBackendEnum
+
+from . import policy as _policy
+
+__all__ = ["OpenVCAttentionBackend", "OpenVCAttentionImpl", "OpenVCAttentionMetadata",
+           "OpenVCAttentionMetadataBuilder", "install", "uninstall", "is_installed", "stats", "reset_stats",
+           "BACKEND_QUALNAME"]
+
+BACKEND_QUALNAME = f"{__name__}.OpenVCAttentionBackend"
+
+# Class names (last component of the selector's qualname) of the dense backends install() replaces.
+_REPLACEABLE = {
+    "torch_sdpa": "SDPABackend",
+    "fa": "FlashAttentionBackend",
+    "fa2": "FlashAttention2Backend",
+}
+
+_counts = collections.Counter()     # (path, reason) -> calls (eager)
+_default_policy = [_policy.DEFAULT_POLICY]
+
+
+def _fast_attention(q, k, v, scale, return_lse):
+    """openvc's fast path; tests swap it for a CPU reference stand-in."""
+    from .. import api
+    return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse)
+
+
+@dataclasses.dataclass
+class OpenVCAttentionMetadata(AttentionMetadata):
+    """openvc needs no per-step metadata: the current timestep only, as the base class."""
+    current_timestep: int = 0
+
+
+class OpenVCAttentionMetadataBuilder(AttentionMetadataBuilder):
+    def __init__(self) -> None:
+        pass
+
+    def prepare(self) -> None:
+        pass
+
+    def build(self, current_timestep: int = 0, **kwargs: Any) -> OpenVCAttentionMetadata:
+        return OpenVCAttentionMetadata(current_timestep=current_timestep)
+
+
+class OpenVCAttentionImpl(AttentionImpl):
+    """openvc for the calls the policy gives it, SGLang's SDPAImpl for the rest (same arguments)."""
+
+    def __init__(self, num_heads: int, head_size: int, softmax_scale: float, causal: bool = False,
+                 num_kv_heads: int | None = None, prefix: str = "", **extra_impl_args) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads if num_kv_heads is not None else num_heads
+        self.head_size = head_size
+        self.softmax_scale = softmax_scale
+        self.causal = causal
+        self.prefix = prefix
+        self.dropout_p = extra_impl_args.get("dropout_p", 0.0)
+        self.policy = extra_impl_args.pop("openvc_policy", None) or _default_policy[0]
+        self.fallback = SDPAImpl(num_heads=num_heads, head_size=head_size, causal=causal,
+                                 softmax_scale=softmax_scale, num_kv_heads=num_kv_heads, prefix=prefix,
+                                 **extra_impl_args)
+
+    def forward(self, query, key, value, attn_metadata: AttentionMetadata | None = None, *,
+                return_softmax_lse: bool = False):
+        """q [B, Sq, H, D], k and v [B, Sk, Hk, D] -> [B, Sq, H, D] in q's dtype; with
+        return_softmax_lse, (out, lse) with lse float32 [B, H, Sq] (natural log, FlashAttention's layout)."""
+        path, reason = _policy.choose_path(query, key, value, causal=self.causal, dropout_p=self.dropout_p,
+                                           policy=self.policy)
+        _counts[(path, reason)] += 1
+        if path == _policy.OPENVC:
+            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse)
+            out, lse = res if return_softmax_lse else (res, None)
+            out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
+            return (out, lse) if return_softmax_lse else out
+        if return_softmax_lse:
+            raise NotImplementedError(
+                f"return_softmax_lse=True: the SDPA fallback of the openvc backend returns no LSE, and this call "
+                f"does not take openvc's fast path ({reason}); ring attention needs the fa or sage_attn backend")
+        return self.fallback.forward(query, key, value, attn_metadata)
+
+
+class OpenVCAttentionBackend(AttentionBackend):
+    """openvc FP8 attention for long dense self-attention, SGLang's SDPA for everything else."""
+
+    accept_output_buffer: bool = False   # forward returns a new tensor
+
+    @staticmethod
+    def get_supported_head_sizes() -> list[int]:
+        return SDPABackend.get_supported_head_sizes()   # every size reaches at least the SDPA fallback
+
+    @staticmethod
+    def get_enum() -> AttentionBackendEnum:
+        return AttentionBackendEnum.TORCH_SDPA
+
+    @staticmethod
+    def get_impl_cls() -> type[OpenVCAttentionImpl]:
+        return OpenVCAttentionImpl
+
+    @staticmethod
+    def get_metadata_cls() -> type[OpenVCAttentionMetadata]:
+        return OpenVCAttentionMetadata
+
+    @staticmethod
+    def get_builder_cls() -> type[OpenVCAttentionMetadataBuilder]:
+        return OpenVCAttentionMetadataBuilder
+
+
+# ---- selection --------------------------------------------------------------------------------------------
+
+_installed = {}   # platform class -> (its own attribute or None, the original bound selection)
+
+
+def _ring_world_size() -> int:
+    """SGLang's ring-attention degree, 1 when its distributed state is not set up (or not importable)."""
+    try:
+        from sglang.multimodal_gen.runtime.distributed.parallel_state import get_ring_parallel_world_size
+        return int(get_ring_parallel_world_size())
+    except Exception:   # not initialized yet, or a partial sglang install: no ring attention either way
+        return 1
+
+
+def _clear_selector_cache():
+    selector = sys.modules.get("sglang.multimodal_gen.runtime.layers.attention.selector")
+    if selector is not None:
+        selector._cached_get_attn_backend.cache_clear()
+
+
+def _platform_class(platform):
+    if platform is None:
+        from sglang.multimodal_gen.runtime import platforms
+        platform = platforms.current_platform
+    cls = platform if isinstance(platform, type) else type(platform)
+    if not callable(getattr(cls, "get_attn_backend_cls_str", None)):
+        raise TypeError(f"platform: expected an SGLang diffusion Platform (class or instance), got {cls.__name__}")
+    return cls
+
+
+def install(*, replace=("torch_sdpa", "fa", "fa2"), policy=None, platform=None) -> None:
+    """Makes SGLang diffusion select :class:`OpenVCAttentionBackend` wherever it would select one of the
+    ``replace`` backends (names as in ``--attention-backend``: "torch_sdpa", "fa", "fa2"). policy: the
+    :class:`~open_vc_attn.integrations.policy.DispatchPolicy` of impls built from now on. platform: the
+    SGLang platform whose selection is wrapped (default ``current_platform``). Idempotent; call before the
+    pipeline builds its models."""
+    if isinstance(replace, str):
+        replace = (replace,)
+    names = []
+    for r in replace:
+        if r not in _REPLACEABLE:
+            raise ValueError(f"replace: expected names among {sorted(_REPLACEABLE)}, got {r!r}")
+        names.append(_REPLACEABLE[r])
+    if policy is not None and not isinstance(policy, _policy.DispatchPolicy):
+        raise TypeError(f"policy: expected None or an open_vc_attn.integrations.policy.DispatchPolicy, got "
+                        f"{type(policy).__name__}")
+    if policy is not None:
+        _default_policy[0] = policy
+    cls = _platform_class(platform)
+    if cls not in _installed:
+        # (the class's own attribute, None when inherited; the selection it made before install)
+        _installed[cls] = (cls.__dict__.get("get_attn_backend_cls_str"), cls.get_attn_backend_cls_str)
+    original = _installed[cls][1]
+    replaced = frozenset(names)
+
+    def get_attn_backend_cls_str(klass, selected_backend, head_size, dtype):
+        chosen = original(selected_backend, head_size, dtype)
+        if chosen.rsplit(".", 1)[-1] in replaced and _ring_world_size() == 1:
+            return BACKEND_QUALNAME
+        return chosen
+
+    cls.get_attn_backend_cls_str = classmethod(get_attn_backend_cls_str)
+    _clear_selector_cache()
+
+
+def uninstall() -> None:
+    """Restores the platform's own backend selection (no-op when not installed)."""
+    for cls, (own, _) in list(_installed.items()):
+        if own is None:
+            del cls.get_attn_backend_cls_str
+        else:
+            cls.get_attn_backend_cls_str = own
+        del _installed[cls]
+    _clear_selector_cache()
+
+
+def is_installed() -> bool:
+    return bool(_installed)
+
+
+def stats():
+    """``{(path, reason): calls}`` since the last :func:`reset_stats` (path "openvc" or "fallback")."""
+    return dict(_counts)
+
+
+def reset_stats():
+    _counts.clear()

@@ -1,0 +1,124 @@
+"""The dispatch policy of the framework integrations (open_vc_attn.integrations.policy), without torch:
+choose_path only reads shapes, dtypes, strides, storage offsets and devices, so stand-in tensors exercise
+every decision. Runs anywhere (CI has no torch)."""
+import collections
+
+import pytest
+
+try:
+    from open_vc_attn.integrations import policy
+except ImportError as exc:   # an installed copy older than the integrations package
+    pytest.skip(f"open_vc_attn.integrations is not importable ({exc}): reinstall the package",
+                allow_module_level=True)
+
+Device = collections.namedtuple("Device", "type index")
+CUDA0 = Device("cuda", 0)
+
+
+class FakeTensor:
+    """What choose_path reads of a torch.Tensor. dtype is its str(), as choose_path compares it."""
+
+    def __init__(self, shape, dtype="torch.bfloat16", strides=None, offset=0, device=CUDA0, requires_grad=False):
+        self.shape = tuple(shape)
+        if strides is None:   # contiguous
+            strides, acc = [], 1
+            for n in reversed(self.shape):
+                strides.insert(0, acc)
+                acc *= n
+        self._strides, self._offset = tuple(strides), offset
+        self.dtype, self.device, self.requires_grad = dtype, device, requires_grad
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self):
+        return self._strides
+
+    def storage_offset(self):
+        return self._offset
+
+
+def qkv(b=1, sq=2048, sk=None, h=12, d=128, hk=None, **kw):
+    sk = sq if sk is None else sk
+    return FakeTensor((b, sq, h, d), **kw), FakeTensor((b, sk, hk or h, d), **kw), FakeTensor((b, sk, hk or h, d), **kw)
+
+
+@pytest.fixture(autouse=True)
+def hopper(monkeypatch):
+    """Device 0 reads as compute capability 9.0 (the cache is what the policy consults before torch)."""
+    monkeypatch.setattr(policy, "_capability_cache", {0: (9, 0)})
+
+
+def test_long_self_attention_takes_openvc():
+    assert policy.choose_path(*qkv()) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(b=2, sq=32760, dtype="torch.float16")) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(sq=1024, sk=1024)) == (policy.OPENVC, "")   # the threshold is inclusive
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(attn_mask=object()), "attn_mask"),
+    (dict(causal=True), "causal"),
+    (dict(dropout_p=0.1), "dropout"),
+])
+def test_options_fall_back(kwargs, reason):
+    assert policy.choose_path(*qkv(), **kwargs) == (policy.FALLBACK, reason)
+
+
+@pytest.mark.parametrize("shape_kw, prefix", [
+    (dict(sk=512), "few keys (512 < 1024)"),          # Wan text cross-attention
+    (dict(sk=257), "few keys"),                       # Wan I2V image tokens
+    (dict(sq=1023), "short query"),
+    (dict(d=64), "head_dim 64"),                      # LTX: the general path's job later
+    (dict(h=12, hk=4), "gqa"),
+    (dict(dtype="torch.float32"), "dtype"),
+    (dict(requires_grad=True), "requires_grad"),
+    (dict(device=Device("cpu", None)), "device"),
+])
+def test_shapes_and_kinds_fall_back(shape_kw, prefix):
+    path, why = policy.choose_path(*qkv(**shape_kw))
+    assert path == policy.FALLBACK and why.startswith(prefix), why
+
+
+def test_layouts():
+    q, k, v = qkv()
+    # [B, S, H, D] view of a [B, H, S, D] buffer: strides multiples of 8, head dim contiguous: no copy needed
+    bhsd = FakeTensor(q.shape, strides=(12 * 2048 * 128, 128, 2048 * 128, 1))
+    assert policy.choose_path(bhsd, k, v)[0] == policy.OPENVC
+    # a chunk of a fused qkv projection [B, S, 3*H*D]: sequence stride 3*H*D, offset H*D
+    fused = FakeTensor(q.shape, strides=(3 * 2048 * 1536, 3 * 1536, 128, 1), offset=1536)
+    assert policy.choose_path(q, fused, fused)[0] == policy.OPENVC
+    for bad in (FakeTensor(q.shape, strides=(2048 * 12 * 129, 12 * 129, 129, 1)),    # stride not x8
+                FakeTensor(q.shape, strides=(1, 12 * 2048, 2048, 2048 * 12)),       # head dim strided
+                FakeTensor(q.shape, offset=4)):                                     # misaligned
+        assert policy.choose_path(bad, k, v) == (policy.FALLBACK, "layout (strides or alignment)")
+
+
+def test_rank_and_mismatches():
+    q, k, v = qkv()
+    assert policy.choose_path(FakeTensor((2048, 12, 128)), k, v)[1].startswith("rank")
+    assert policy.choose_path(q, k, FakeTensor((1, 2048, 12, 128), dtype="torch.float16"))[1].startswith("dtype")
+    assert policy.choose_path(q, k, FakeTensor((1, 4096, 12, 128)))[1] == "shape mismatch"
+    assert policy.choose_path(q, k, FakeTensor((1, 2048, 12, 128), device=Device("cuda", 1)))[1] == "devices differ"
+
+
+def test_other_gpus_fall_back(monkeypatch):
+    monkeypatch.setattr(policy, "_capability_cache", {0: (8, 0)})
+    path, why = policy.choose_path(*qkv())
+    assert path == policy.FALLBACK and why.startswith("compute capability 8.0")
+
+
+def test_custom_policy():
+    small = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=256)
+    assert policy.choose_path(*qkv(sq=128, sk=512), policy=small) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(sq=128, sk=200), policy=small)[1].startswith("few keys")
+    assert policy.choose_path(*qkv(d=64), policy=policy.DispatchPolicy(head_dims=(64, 128)))[0] == policy.OPENVC
+
+
+def test_policy_arguments():
+    for name in ("min_query_tokens", "min_key_tokens"):
+        for bad in (0, -5, 1.5, True, None):
+            with pytest.raises(ValueError, match=f"^{name}"):
+                policy.DispatchPolicy(**{name: bad})
+    for bad in ((), (96,), (128, 256)):
+        with pytest.raises(ValueError, match="^head_dims"):
+            policy.DispatchPolicy(head_dims=bad)
