@@ -12,31 +12,13 @@
 #include "openvc/attention.h"
 #include "openvc/general.h"
 #include "openvc/status.h"
+#include "gpu_util.h"
 
 namespace nb = nanobind;
 
 namespace {
 
-// (data pointer, stride_batch, stride_seq, stride_head), strides in elements.
-using View = std::tuple<uintptr_t, int64_t, int64_t, int64_t>;
-
-void check(const openvc::Status& st) {
-  if (st.ok()) return;
-  if (st.code() == openvc::StatusCode::kInvalidArgument) throw nb::value_error(st.message().c_str());
-  throw std::runtime_error(st.message());
-}
-
-template <typename T>
-T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
-
-openvc::TokenTensorView view(const View& v) {
-  openvc::TokenTensorView t;
-  t.data = ptr<const void>(std::get<0>(v));
-  t.stride_batch = std::get<1>(v);
-  t.stride_seq = std::get<2>(v);
-  t.stride_head = std::get<3>(v);
-  return t;
-}
+using namespace openvc_bindings;
 
 void prepare_fp8(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, const View& q,
                  const View& k, const View& v, uintptr_t q_codes, uintptr_t q_descale, uintptr_t k_codes,

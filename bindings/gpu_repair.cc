@@ -13,22 +13,13 @@
 #include "openvc/attention.h"
 #include "openvc/repair.h"
 #include "openvc/status.h"
+#include "gpu_util.h"
 
 namespace nb = nanobind;
 
 namespace {
 
-// (data pointer, stride_batch, stride_seq, stride_head), strides in elements.
-using View = std::tuple<uintptr_t, int64_t, int64_t, int64_t>;
-
-void check(const openvc::Status& st) {
-  if (st.ok()) return;
-  if (st.code() == openvc::StatusCode::kInvalidArgument) throw nb::value_error(st.message().c_str());
-  throw std::runtime_error(st.message());
-}
-
-template <typename T>
-T* ptr(uintptr_t p) { return reinterpret_cast<T*>(p); }
+using namespace openvc_bindings;
 
 int repair_row_count(double budget, int64_t seqlen_k) {
   int rows = 0;

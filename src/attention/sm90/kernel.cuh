@@ -183,18 +183,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
-// with beta = 2^((m - mo)/8) <= 2^8.
+// with beta = 2^((m - mo)/8) <= 2^8. kChunks 17: O and l; 16: O only (repair tiles add to the
+// numerator only, numerics section 6, so l stays the denominator of the original keys).
+template <int kChunks = 17>
 __device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
   const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
   const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
 #pragma unroll
-  for (int j = 0; j < 17; ++j) {
+  for (int j = 0; j < kChunks; ++j) {
     st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
     st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
     st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
     st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
   }
 }
+__device__ __forceinline__ void accumulate_numerator(ConsumerState& st) { accumulate_tile<16>(st); }
 
 // VC mode (numerics section 7): the tile's block mean comes back through its probability row sum,
 // O += beta (P Vres + l_tile mu / dv) with mu / dv from shared memory (the same stage as the V tile).
@@ -219,20 +222,6 @@ template <int kVariant>
 __device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage& sh, int stage, int t) {
   if constexpr ((kVariant & kVcMode) != 0) accumulate_tile_vc(st, sh.vc_mean[stage], t);
   else accumulate_tile(st);
-}
-
-// Repair tiles add to the numerator only (numerics section 6): the row-sum chunk is left out, so l
-// stays the denominator of the original keys.
-__device__ __forceinline__ void accumulate_numerator(ConsumerState& st) {
-  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
-  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
-    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
-    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
-    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
-  }
 }
 
 template <int N>
