@@ -32,12 +32,7 @@ void prepare_fp8(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, in
   p.k_codes = ptr<uint8_t>(k_codes), p.k_descale = ptr<float>(k_descale);
   p.v_packed = ptr<uint8_t>(v_packed), p.v_descale = ptr<float>(v_descale);
   p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;  // launches only, but other Python threads need not wait on them
-    st = openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 // Packed sequences (attention.h): q/k/v views over [total, H, D] (their stride_batch is ignored),
@@ -57,12 +52,7 @@ void prepare_fp8_varlen(bool bf16, int num_seqs, int max_seqlen_q, int max_seqle
   p.k_codes = ptr<uint8_t>(k_codes), p.k_descale = ptr<float>(k_descale);
   p.v_packed = ptr<uint8_t>(v_packed), p.v_descale = ptr<float>(v_descale);
   p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::prepare_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t q_codes,
@@ -71,22 +61,14 @@ void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_di
                    int64_t out_stride_head, uintptr_t lse, float softmax_scale, int mid_window_blocks,
                    uintptr_t stream) {
   openvc::AttentionParams p;
-  openvc::Fp8Inputs& in = p.in;
-  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
-  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
-  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
-  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed,
+                    v_descale);
   p.out = ptr<void>(out);
   p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
   p.lse = ptr<float>(lse);  // 0: no LSE
   p.softmax_scale = softmax_scale;
   p.mid_window_blocks = mid_window_blocks;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 // The general path (openvc/general.h). Batched: cu_seqlens_q/k = 0 and num_seqs = max_seqlen_q/k = 0.
@@ -98,11 +80,8 @@ void attention_general(int batch, int seqlen_q, int seqlen_k, int heads, int hea
                        int64_t out_stride_seq, int64_t out_stride_head, uintptr_t lse, int64_t lse_stride_batch,
                        int64_t lse_stride_head, float softmax_scale, int mid_window_blocks, uintptr_t stream) {
   openvc::GeneralAttentionParams p;
-  openvc::Fp8Inputs& in = p.in;
-  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
-  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
-  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
-  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed,
+                    v_descale);
   p.cu_seqlens_q = ptr<const int>(cu_seqlens_q), p.cu_seqlens_k = ptr<const int>(cu_seqlens_k);
   p.num_seqs = num_seqs, p.max_seqlen_q = max_seqlen_q, p.max_seqlen_k = max_seqlen_k;
   p.causal = causal;
@@ -112,12 +91,7 @@ void attention_general(int batch, int seqlen_q, int seqlen_k, int heads, int hea
   p.lse_stride_batch = lse_stride_batch, p.lse_stride_head = lse_stride_head;
   p.softmax_scale = softmax_scale;
   p.mid_window_blocks = mid_window_blocks;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::attention_general(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::attention_general(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace

@@ -51,12 +51,7 @@ void prepare_v_repair(bool bf16, int batch, int seqlen_k, int heads, int head_di
   p.repair_k_codes = ptr<uint8_t>(repair_k_codes), p.repair_k_descale = ptr<float>(repair_k_descale);
   p.repair_v_packed = ptr<uint8_t>(repair_v_packed);
   p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;  // launches only, but other Python threads need not wait on them
-    st = openvc::prepare_v_repair(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::prepare_v_repair(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 void attention_fp8_repair(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t q_codes,
@@ -66,11 +61,8 @@ void attention_fp8_repair(int batch, int seqlen_q, int seqlen_k, int heads, int 
                           int64_t out_stride_seq, int64_t out_stride_head, uintptr_t lse, float softmax_scale,
                           int mid_window_blocks, uintptr_t stream) {
   openvc::AttentionParams p;
-  openvc::Fp8Inputs& in = p.in;
-  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
-  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
-  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
-  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed,
+                    v_descale);
   p.repair.rows = repair_rows;
   p.repair.k_codes = ptr<const uint8_t>(repair_k_codes);
   p.repair.k_descale = ptr<const float>(repair_k_descale);
@@ -81,12 +73,7 @@ void attention_fp8_repair(int batch, int seqlen_q, int seqlen_k, int heads, int 
   p.lse = ptr<float>(lse);  // 0: no LSE
   p.softmax_scale = softmax_scale;
   p.mid_window_blocks = mid_window_blocks;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace

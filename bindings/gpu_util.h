@@ -37,4 +37,28 @@ inline openvc::TokenTensorView view(const View& v) {
   return t;
 }
 
+// The sized pointers of prepared FP8 inputs, as every attention binding receives them.
+inline openvc::Fp8Inputs fp8_inputs(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim,
+                                    uintptr_t q_codes, uintptr_t q_descale, uintptr_t k_codes, uintptr_t k_descale,
+                                    uintptr_t v_packed, uintptr_t v_descale) {
+  openvc::Fp8Inputs in;
+  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
+  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
+  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
+  in.v_packed = ptr<const uint8_t>(v_packed), in.v_descale = ptr<const float>(v_descale);
+  return in;
+}
+
+// Runs an API call that only enqueues work (it returns a Status) with the GIL released, so other
+// Python threads need not wait on the launches, then raises on a non-ok Status.
+template <typename Call>
+void enqueue(Call&& call) {
+  openvc::Status st;
+  {
+    nb::gil_scoped_release release;
+    st = call();
+  }
+  check(st);
+}
+
 }  // namespace openvc_bindings

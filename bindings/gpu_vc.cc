@@ -29,12 +29,7 @@ void vc_grouping(bool bf16, int batch, int seqlen, int heads, int head_dim, cons
   p.v = view(v);
   p.permutation = ptr<int>(permutation);
   p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::vc_grouping(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::vc_grouping(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 void vc_prepare(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, const View& q,
@@ -53,12 +48,7 @@ void vc_prepare(bool bf16, int batch, int seqlen_q, int seqlen_k, int heads, int
   p.block_mean_scaled = ptr<float>(block_mean_scaled);
   p.block_mean = ptr<uint16_t>(block_mean);  // 0: not written
   p.workspace = ptr<void>(workspace), p.workspace_bytes = workspace_bytes;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::vc_prepare(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::vc_prepare(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 void attention_vc_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_dim, uintptr_t q_codes,
@@ -67,24 +57,15 @@ void attention_vc_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head
                       int64_t out_stride_batch, int64_t out_stride_seq, int64_t out_stride_head, uintptr_t lse,
                       float softmax_scale, uintptr_t stream) {
   openvc::VcAttentionParams p;
-  openvc::Fp8Inputs& in = p.in;
-  in.batch = batch, in.seqlen_q = seqlen_q, in.seqlen_k = seqlen_k, in.heads = heads, in.head_dim = head_dim;
-  in.q_codes = ptr<const uint8_t>(q_codes), in.q_descale = ptr<const float>(q_descale);
-  in.k_codes = ptr<const uint8_t>(k_codes), in.k_descale = ptr<const float>(k_descale);
-  in.v_packed = ptr<const uint8_t>(v_packed);
-  in.v_descale = nullptr;  // not read in VC mode
+  // in.v_descale is not read in VC mode (the per-channel descales below replace it).
+  p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed, 0);
   p.v_channel_descale = ptr<const float>(v_channel_descale);
   p.block_mean_scaled = ptr<const float>(block_mean_scaled);
   p.out = ptr<void>(out);
   p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
   p.lse = ptr<float>(lse);  // 0: no LSE
   p.softmax_scale = softmax_scale;
-  openvc::Status st;
-  {
-    nb::gil_scoped_release release;
-    st = openvc::attention_vc_fp8(p, reinterpret_cast<cudaStream_t>(stream));
-  }
-  check(st);
+  enqueue([&] { return openvc::attention_vc_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 }  // namespace

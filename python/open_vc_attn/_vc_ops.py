@@ -58,21 +58,8 @@ def check_vc_tensors(tensors, prefix, sizes=None):
         raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
     if d != _api.KERNEL_HEAD_DIM:
         raise ValueError(f"{prefix}q_codes: the VC baseline supports head_dim {_api.KERNEL_HEAD_DIM} only, got {d}")
-    for (name, shape, dtype), x in zip(vc_expectations(b, sq, sk, h, d), tensors):
-        if x.dtype != getattr(torch, dtype):
-            raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"{prefix}{name}: expected shape {tuple(shape)} for B={b} Sq={sq} Sk={sk} H={h} D={d}, "
-                             f"got {tuple(x.shape)}")
-        if not x.is_contiguous():
-            raise ValueError(f"{prefix}{name}: expected a contiguous tensor (the kernel's fixed layout), got strides "
-                             f"{tuple(x.stride())}")
-        if x.requires_grad:
-            raise ValueError(f"{prefix}{name}: requires_grad=True is not supported: openvc is inference-only")
-    dev = tensors[0].device
-    for name, x in zip(VC_TENSOR_NAMES, tensors):   # last, so the other checks work on CPU / meta tensors
-        if x.device.type != "cuda" or x.device != dev:
-            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
+    _api._check_fixed_layouts(vc_expectations(b, sq, sk, h, d), tensors, prefix, sizes)
+    _api._check_one_cuda_device(VC_TENSOR_NAMES, tensors, prefix)
     return b, sq, sk, h, d
 
 

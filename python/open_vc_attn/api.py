@@ -213,7 +213,19 @@ def _check_fp8_tensors(tensors, prefix, sizes=None):
             raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {_shape(bad[1])}")
         sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
     b, sq, sk, h, d = sizes
-    for (name, shape, dtype), x in zip(_fp8_expectations(b, sq, sk, h, d), tensors):
+    _check_fixed_layouts(_fp8_expectations(b, sq, sk, h, d), tensors, prefix, sizes)
+    if min(sizes) < 1 or max(sizes) > _INT_MAX:
+        raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
+    _check_one_cuda_device(names, tensors, prefix)
+    return b, sq, sk, h, d
+
+
+def _check_fixed_layouts(expectations, tensors, prefix, sizes):
+    """Each tensor against its (name, shape, dtype) expectation: dtype, shape, contiguity (the kernels'
+    fixed layouts), no grad. sizes (B, Sq, Sk, H, D) only name the shapes in messages."""
+    torch = _torch()
+    b, sq, sk, h, d = sizes
+    for (name, shape, dtype), x in zip(expectations, tensors):
         if x.dtype != getattr(torch, dtype):
             raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
         if tuple(x.shape) != tuple(shape):
@@ -224,23 +236,21 @@ def _check_fp8_tensors(tensors, prefix, sizes=None):
                              f"strides {tuple(x.stride())} for shape {_shape(x)}")
         if x.requires_grad:
             raise ValueError(f"{prefix}{name}: requires_grad=True is not supported: openvc is inference-only")
-    if min(sizes) < 1 or max(sizes) > _INT_MAX:
-        raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
+
+
+def _check_one_cuda_device(names, tensors, prefix):
+    """Every tensor on the first one's CUDA device. Checked last, so the other checks also work on CPU
+    and meta tensors (fake implementations, error tests)."""
     dev = tensors[0].device
-    for name, x in zip(names, tensors):  # last, as in _check_tokens
+    for name, x in zip(names, tensors):
         if x.device.type != "cuda" or x.device != dev:
             raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
-    return b, sq, sk, h, d
 
 
-def _check_prepared(prepared):
+def _prepared_meta(prepared) -> dict:
+    """Sizes, input rank and dtype of a prepared object (PreparedFP8, PreparedVC), checked: the ints
+    batch, seqlen_q, seqlen_k, heads, head_dim and input_rank as a dict."""
     torch = _torch()
-    if not isinstance(prepared, PreparedFP8):
-        raise TypeError(f"prepared: expected a PreparedFP8 from open_vc_attn.prepare_fp8, got {type(prepared).__name__}")
-    if prepared.is_varlen:
-        raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
-                         "attention_fp8, which takes batched [B, S, H, D] preparations only; attend packed "
-                         "sequences with open_vc_attn.attention(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...)")
     meta = {}
     for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
         val = getattr(prepared, field)
@@ -252,6 +262,17 @@ def _check_prepared(prepared):
                          f"(batch {meta['batch']})")
     if prepared.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"prepared.dtype: expected torch.bfloat16 or torch.float16, got {prepared.dtype}")
+    return meta
+
+
+def _check_prepared(prepared):
+    if not isinstance(prepared, PreparedFP8):
+        raise TypeError(f"prepared: expected a PreparedFP8 from open_vc_attn.prepare_fp8, got {type(prepared).__name__}")
+    if prepared.is_varlen:
+        raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
+                         "attention_fp8, which takes batched [B, S, H, D] preparations only; attend packed "
+                         "sequences with open_vc_attn.attention(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...)")
+    meta = _prepared_meta(prepared)
     if meta["head_dim"] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])

@@ -126,21 +126,10 @@ def _permutation4(permutation, k4, rank):
 
 
 def _check_prepared(prepared):
-    torch = _api._torch()
     if not isinstance(prepared, PreparedVC):
         raise TypeError(f"prepared: expected a PreparedVC from open_vc_attn.baselines.prepare_vc, got "
                         f"{type(prepared).__name__}")
-    meta = {}
-    for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
-        val = getattr(prepared, field)
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
-            raise ValueError(f"prepared.{field}: expected an int >= 1, got {val!r}")
-        meta[field] = int(val)
-    if meta["input_rank"] not in (3, 4) or (meta["input_rank"] == 3 and meta["batch"] != 1):
-        raise ValueError(f"prepared.input_rank: expected 4, or 3 with batch 1, got {meta['input_rank']} "
-                         f"(batch {meta['batch']})")
-    if prepared.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"prepared.dtype: expected torch.bfloat16 or torch.float16, got {prepared.dtype}")
+    meta = _api._prepared_meta(prepared)
     from . import _vc_ops
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
     _vc_ops.check_vc_tensors(prepared.tensors(), "prepared.", sizes)
