@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/attention_test_util.h"
 #include "gpu/gpu_test_util.h"
 #include "openvc/general.h"
 #include "openvc/reference.h"
@@ -24,8 +25,10 @@
 namespace {
 
 namespace ref = openvc::reference;
+using openvc::testing::bf16_to_float;
 using openvc::testing::DevBuf;
 using openvc::testing::download;
+using openvc::testing::pack_v;
 using openvc::testing::upload;
 
 struct Case {
@@ -63,29 +66,6 @@ std::vector<float> random_normal(size_t n, uint32_t seed) {
     while (v == 0.0f);
   }
   return x;
-}
-
-// Reference V codes [total_k, H, D] -> [nseq, H, D, nk*128], each sequence from column 0 of its own
-// slab, keys permuted per kPackedKeyOrder inside each 16-key group, zero padding (prepare_fp8's layout).
-std::vector<uint8_t> pack_v(const std::vector<uint8_t>& codes, const ref::Sequences& ks, int nk) {
-  const int H = ks.num_heads, D = ks.head_dim, sp = nk * 128;
-  std::vector<uint8_t> out(size_t(ks.count()) * H * D * sp, 0);
-  for (int s = 0; s < ks.count(); ++s)
-    for (int h = 0; h < H; ++h)
-      for (int col = 0; col < sp; ++col) {
-        const int key = (col / 16) * 16 + openvc::kPackedKeyOrder[col % 16];
-        if (key >= ks.length(s)) continue;
-        for (int d = 0; d < D; ++d)
-          out[((size_t(s) * H + h) * D + d) * sp + col] = codes[(size_t(ks.cu_seqlens[s] + key) * H + h) * D + d];
-      }
-  return out;
-}
-
-float bf16_to_float(uint16_t bits) {
-  uint32_t u = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 // Device copy of a host vector (at least 16 bytes, so empty arrays still get a valid pointer).

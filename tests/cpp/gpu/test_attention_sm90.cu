@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention/sm90/expcast.cuh"
+#include "gpu/attention_test_util.h"
 #include "gpu/gpu_test_util.h"
 #include "openvc/attention.h"
 #include "openvc/reference.h"
@@ -24,6 +25,8 @@ namespace {
 namespace ref = openvc::reference;
 using openvc::testing::DevBuf;
 using openvc::testing::download;
+using openvc::testing::bf16_to_float;
+using openvc::testing::pack_v;
 using openvc::testing::upload;
 
 // ---- ExpCast conversion, bit for bit ----------------------------------------------------------------
@@ -115,34 +118,12 @@ RepairHost repair_layout(const ref::PreparedInputs& prep, const ref::VRepair& re
   return r;
 }
 
-// Packs reference V codes [B*S, H, D] into [B, H, D, S_pad] with keys permuted per kPackedKeyOrder.
-std::vector<uint8_t> pack_v(const std::vector<uint8_t>& codes, int B, int S, int H, int D) {
-  const int64_t sp = openvc::packed_seqlen_k(S);
-  std::vector<uint8_t> out(size_t(B) * H * D * sp, 0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int64_t col = 0; col < sp; ++col) {
-        const int64_t key = (col / 16) * 16 + openvc::kPackedKeyOrder[col % 16];
-        if (key >= S) continue;
-        for (int d = 0; d < D; ++d)
-          out[((size_t(b) * H + h) * D + d) * sp + col] = codes[((size_t(b) * S + key) * H + h) * D + d];
-      }
-  return out;
-}
-
 std::vector<float> random_normal(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> g(0.0f, 1.0f);
   std::vector<float> x(n);
   for (float& v : x) v = ref::round_to_bf16(g(rng));
   return x;
-}
-
-float bf16_to_float(uint16_t bits) {
-  uint32_t u = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 void run_case(const Case& c) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/attention_test_util.h"
 #include "gpu/gpu_test_util.h"
 #include "gpu/prepare_test_util.h"
 #include "openvc/attention.h"
@@ -404,13 +405,6 @@ AttnOut attend(const Fp8& f, const RepairPrepareParams* rp) {
   return {download<uint16_t>(out.p, n), download<float>(lse.p, nl)};
 }
 
-float bf16_value(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Video-like inputs, energy selection: the output matches the reference's repaired attention within
 // the kernel's tolerance (test_attention_sm90.cu), and repair lowers the error against exact attention.
 TEST(RepairAttention, MatchesReferenceWithGpuPreparedRows) {
@@ -443,7 +437,7 @@ TEST(RepairAttention, MatchesReferenceWithGpuPreparedRows) {
     ASSERT_TRUE(ref::attention_exact(qkv.q.data(), qkv.k.data(), qkv.v.data(), seqs, seqs, 0.0f, false, &exact).ok());
 
     std::vector<float> out(got.out.size());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_value(got.out[i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = openvc::testing::bf16_to_float(got.out[i]);
     const std::vector<double> want_d(want.out.begin(), want.out.end());
     double ref_max = 0;
     for (double x : want_d) ref_max = std::max(ref_max, std::fabs(x));

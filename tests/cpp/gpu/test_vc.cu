@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/attention_test_util.h"
 #include "gpu/gpu_test_util.h"
 #include "gpu/prepare_test_util.h"
 #include "openvc/baselines.h"
@@ -238,21 +239,6 @@ struct PrepDevice {
   }
 };
 
-// Token-major codes [B, S, H, D] -> packed [B, H, D, S_pad], keys per kPackedKeyOrder, zero padding.
-std::vector<uint8_t> pack_v(const std::vector<uint8_t>& codes, int B, int S, int H) {
-  const int64_t sp = openvc::packed_seqlen_k(S);
-  std::vector<uint8_t> out(size_t(B) * H * D * sp, 0);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int64_t col = 0; col < sp; ++col) {
-        const int64_t key = (col / 16) * 16 + openvc::kPackedKeyOrder[col % 16];
-        if (key >= S) continue;
-        for (int d = 0; d < D; ++d)
-          out[((size_t(b) * H + h) * D + d) * sp + col] = codes[((size_t(b) * S + key) * H + h) * D + d];
-      }
-  return out;
-}
-
 // Every output of the device preparation against reference::vc_prepare, byte for byte.
 void expect_prepared_matches(const PrepDevice& dev, const ref::VcPrepared& rp, const Tensor& q, const Tensor& k) {
   const int B = dev.B, H = dev.H, Sk = dev.Sk;
@@ -261,7 +247,7 @@ void expect_prepared_matches(const PrepDevice& dev, const ref::VcPrepared& rp, c
   expect_codes("k_codes (permuted)", download<uint8_t>(dev.k_codes.p, dev.k_codes.bytes), rp.k.codes, k);
   expect_floats("k_descale", download<float>(dev.k_descale.p, dev.k_descale.bytes / 4), rp.k.descale);
   const std::vector<uint8_t> vp = download<uint8_t>(dev.v_packed.p, dev.v_packed.bytes);
-  const std::vector<uint8_t> vp_want = pack_v(rp.v_codes, B, Sk, H);
+  const std::vector<uint8_t> vp_want = openvc::testing::pack_v(rp.v_codes, B, Sk, H, D);
   ASSERT_EQ(vp.size(), vp_want.size());
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < vp.size(); ++i)
