@@ -37,7 +37,7 @@ enum KernelVariant : int {
   kDoubleMax = 16,      // row max twice
   kFlushEvery1 = 32,    // FP32 accumulation after every tile instead of kFlushTiles
   kFlushEvery4 = 64,    // ... after every 4 tiles (less FP32 work, more tensor-core accumulation)
-  kNoPingPong = 128,    // consumers issue tensor-core work without ordering each other (correct result)
+  kPingPong = 128,      // consumers take turns issuing tensor-core work (named barriers; correct result)
   // Not a timing variant: the VC-Attention baseline (numerics section 7). V holds V-Smooth residual
   // codes with per-channel scales; each tile's block mean comes back through its probability row sum,
   // so the tensor-core partial is flushed after every tile. Natural key order (set by the host).
@@ -45,6 +45,7 @@ enum KernelVariant : int {
   // Also not a timing variant: the kernel with V residual repair tiles (numerics section 6). A separate
   // instantiation so that the plain kernel carries none of its code.
   kWithRepair = 1024,
+  kFloatMax = 2048,     // row max with FMNMX instead of the integer three-input max (correct result)
 };
 template <int kVariant>
 inline constexpr int flush_tiles() {
