@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
         {"ping-pong ordering", launch_expcast_attention<kPingPong>},
         {"float row max (FMNMX)", launch_expcast_attention<kFloatMax>},
         {"ping-pong + float max (before)", launch_expcast_attention<kPingPong | kFloatMax>},
+        {"general loop (no specialized steps)", launch_expcast_attention<kGeneralLoop>},
         {"skip max", launch_expcast_attention<kSkipMax>},
         {"skip convert", launch_expcast_attention<kSkipConvert>},
         {"skip fp32 accumulate", launch_expcast_attention<kSkipAccumulate>},

@@ -46,6 +46,8 @@ enum KernelVariant : int {
   // instantiation so that the plain kernel carries none of its code.
   kWithRepair = 1024,
   kFloatMax = 2048,     // row max with FMNMX instead of the integer three-input max (correct result)
+  kGeneralLoop = 4096,  // every key block through the general step (branches for the partial block
+                        // and the flush period in every iteration; correct result)
 };
 template <int kVariant>
 inline constexpr int flush_tiles() {
