@@ -11,6 +11,7 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/gmma.cuh"
+#include "attention/sm90/row_max.cuh"
 #include "attention/sm90/traversal.h"
 
 namespace openvc::sm90 {
@@ -142,59 +143,6 @@ struct ConsumerState {
   float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
 };
 
-// This thread's maxima of its rows g (lo) and g+8 (hi) over the raw accumulators; kMasked excludes
-// columns at or past `valid` keys (the partial last block).
-template <bool kMasked>
-__device__ __forceinline__ void thread_row_max(const float (&s)[64], int valid, int t, float& lo, float& hi) {
-  lo = hi = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * t;
-    const bool v0 = !kMasked || col < valid, v1 = !kMasked || col + 1 < valid;
-    lo = fmaxf(lo, fmaxf(v0 ? s[4 * j + 0] : -INFINITY, v1 ? s[4 * j + 1] : -INFINITY));
-    hi = fmaxf(hi, fmaxf(v0 ? s[4 * j + 2] : -INFINITY, v1 ? s[4 * j + 3] : -INFINITY));
-  }
-}
-
-// The same over a full tile as a three-input integer max of the scores' bits (VIMNMX3: half the
-// instructions of FMNMX, measured 3-6% faster end to end). For floats >= +0 the signed-integer order
-// is the float order and every negative float (and -0) compares below them, so the result is exact
-// whenever a row's maximum is >= +0; a thread whose scores of a row are all negative takes the float
-// path instead (rare, and exact as well).
-__device__ __forceinline__ void thread_row_max_bits(const float (&s)[64], int t, float& lo, float& hi) {
-  // Two chains per row keep the dependent latency short.
-  int lo_a = max(__float_as_int(s[0]), __float_as_int(s[1]));
-  int lo_b = max(__float_as_int(s[32]), __float_as_int(s[33]));
-  int hi_a = max(__float_as_int(s[2]), __float_as_int(s[3]));
-  int hi_b = max(__float_as_int(s[34]), __float_as_int(s[35]));
-#pragma unroll
-  for (int j = 1; j < 8; ++j) {
-    lo_a = __vimax3_s32(lo_a, __float_as_int(s[4 * j + 0]), __float_as_int(s[4 * j + 1]));
-    lo_b = __vimax3_s32(lo_b, __float_as_int(s[32 + 4 * j + 0]), __float_as_int(s[32 + 4 * j + 1]));
-    hi_a = __vimax3_s32(hi_a, __float_as_int(s[4 * j + 2]), __float_as_int(s[4 * j + 3]));
-    hi_b = __vimax3_s32(hi_b, __float_as_int(s[32 + 4 * j + 2]), __float_as_int(s[32 + 4 * j + 3]));
-  }
-  const int lo_i = max(lo_a, lo_b), hi_i = max(hi_a, hi_b);
-  if (__builtin_expect((lo_i | hi_i) < 0, 0)) {
-    thread_row_max<false>(s, Cfg::kBlockN, t, lo, hi);
-  } else {
-    lo = __int_as_float(lo_i);
-    hi = __int_as_float(hi_i);
-  }
-}
-
-// Row maxima of the raw accumulators over the 4 threads of a row (code units follow by multiplying
-// with the tile's positive multiplier).
-template <bool kMasked, bool kBits>
-__device__ __forceinline__ void row_max(const float (&s)[64], int valid, int t, float& lo, float& hi) {
-  if constexpr (kBits && !kMasked) thread_row_max_bits(s, t, lo, hi);
-  else thread_row_max<kMasked>(s, valid, t, lo, hi);
-  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
-  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
-}
-
 // Masked keys get code 0: clear their bytes after conversion (register p[4kb+r] holds columns
 // c, c+1, c+8, c+9 with c = 32kb + 16*(r>=2) + 2t).
 __device__ __forceinline__ void mask_codes(uint32_t (&p)[16], int valid, int t) {
@@ -281,7 +229,7 @@ __device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, flo
   const float new_lo = fmaxf(st.m_lo, tile_lo);
   const float new_hi = fmaxf(st.m_hi, tile_hi);
   const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
-  if (__builtin_expect(!__any_sync(0xffffffffu, grew), 1)) return;
+  if (!__any_sync(0xffffffffu, grew)) return;
   if (rescale_pv)  // exp2(-inf) = 0 cannot occur: a partial exists only after the first tile
     scale_rows(st.pv, fast_exp2((st.m_lo - new_lo) * kMaxToLog2), fast_exp2((st.m_hi - new_hi) * kMaxToLog2));
   st.m_lo = new_lo;
@@ -465,11 +413,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     // QK^T wait and the conversion.
     float kd_next = n > 1 ? __ldg(kd + order(1)) : 0.0f;
 
-    // One key block of the steady state. The code is specialized so that the common block runs
-    // without branches: kMaybePartial (a std::bool_constant) is false for blocks that cannot be the
-    // partial last one, which is only ever visited first (the peeled step above) or last (numerics
-    // section 5); kFlush is 0 (never), 1 (always) or 2 (decided from i). Taken branches measured
-    // about 1% of the consumers' stall samples each (instruction fetch at the target).
+    // One key block of the steady state, specialized so that the common block carries no test for
+    // the partial block or the flush period: kMaybePartial (a bool_constant) is false for blocks that
+    // cannot be the partial last one, which is only ever visited first (the peeled step above) or last
+    // (numerics section 5); kFlush is 0 (never), 1 (always) or 2 (decided from i). Branches split the
+    // code ptxas schedules: the general step for every block measured 7% slower (kGeneralLoop).
     auto step = [&](int i, auto maybe_partial, auto flush_kind) {
       constexpr bool kMaybePartial = decltype(maybe_partial)::value;
       constexpr int kFlush = decltype(flush_kind)::value;
