@@ -25,9 +25,10 @@ struct KernelConfig {
   static constexpr int kFlushTiles = 2;
 };
 
-// Timing variants with one stage removed or doubled, for the cost breakdown in docs/performance.md
-// (bench/cpp/bench_variants.cu). Only kProduction is built into the library; the others compute
-// wrong results on purpose.
+// Timing variants with one stage removed, doubled or done the earlier way, for the cost breakdown in
+// docs/performance.md (bench/cpp/bench_attention.cu, built with OPENVC_BENCH_VARIANTS). Only
+// kProduction, kVcMode and kWithRepair are built into the library; the skip/double variants compute
+// wrong results on purpose, the others (marked) compute the production result.
 enum KernelVariant : int {
   kProduction = 0,
   kSkipMax = 1,         // no row max (the running max stays at the first tile's)
