@@ -268,6 +268,15 @@ TEST(Sm90Attention, SmallShapes) {
     run_case(c);
 }
 
+// The steady state runs blocks 1 .. n-2 in pairs (the FP32 flush period) and the rest through the
+// general step: 2 to 7 key blocks cover no pair, one pair with and without a remainder, and a last block
+// that is full (640, 768 = 5, 6 blocks) or partial.
+TEST(Sm90Attention, KeyBlockCountsAroundTheFlushPeriod) {
+  SKIP_WITHOUT_SM90();
+  for (int S : {129, 300, 500, 640, 768, 800})
+    for (int w : {4, ref::kNaturalOrder}) run_case(Case{1, S, 2, w, true});
+}
+
 TEST(Sm90Attention, RowsWhoseScoresAreAllNegative) {
   SKIP_WITHOUT_SM90();
   for (Case c : {Case{1, 1000, 2, 4, false, 0.0, true}, Case{2, 4097, 1, ref::kNaturalOrder, false, 0.0, true}})
