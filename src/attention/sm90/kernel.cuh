@@ -413,6 +413,20 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     // QK^T wait and the conversion.
     float kd_next = n > 1 ? __ldg(kd + order(1)) : 0.0f;
 
+    // Issue of one key block: QK^T of the ring's current K tile and PV of the previous tile's codes,
+    // then the wait for QK^T (PV keeps running). Shared by the original and the repair blocks.
+    auto issue_block = [&](bool last) {
+      TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
+      if (kOrdered) named_barrier_sync(my_bar, kPair);
+      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+      TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
+      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
+      if (kOrdered) named_barrier_arrive(other_bar, kPair);
+      cute::warpgroup_wait<1>();
+      fence_regs(s);
+      release(&sh.k_empty[ring.stage]);
+      if (last) release(&sh.q_empty);  // the Q tile is read for the last time
+    };
     // One key block of the steady state, specialized so that the common block carries no test for
     // the partial block or the flush period: kMaybePartial (a bool_constant) is false for blocks that
     // cannot be the partial last one, which is only ever visited first (the peeled step above) or last
@@ -424,16 +438,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       blk = order(i);
       const float kd_blk = kd_next;
       if (!kMaybePartial || i + 1 < n) kd_next = __ldg(kd + order(i + 1));
-      TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-      if (kOrdered) named_barrier_sync(my_bar, kPair);
-      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
-      TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-      if (kOrdered) named_barrier_arrive(other_bar, kPair);
-      cute::warpgroup_wait<1>();
-      fence_regs(s);
-      release(&sh.k_empty[ring.stage]);
-      if (kMaybePartial && i == n - 1 && !kRepair) release(&sh.q_empty);
+      issue_block(kMaybePartial && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
       const float a = qscale * kd_blk;
       const int valid = kMaybePartial ? p.seqlen_k - blk * Cfg::kBlockN : Cfg::kBlockN;
@@ -488,16 +493,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     // key's own descale, numerator only. The first PV here is the last original tile's.
     const float* kd_rep = p.repair_k_descale + int64_t(c.b * p.heads + c.h) * p.repair_tiles * Cfg::kBlockN;
     for (int r = 0; kRepair && r < p.repair_tiles; ++r) {
-      TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-      if (kOrdered) named_barrier_sync(my_bar, kPair);
-      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
-      TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-      if (kOrdered) named_barrier_arrive(other_bar, kPair);
-      cute::warpgroup_wait<1>();
-      fence_regs(s);
-      release(&sh.k_empty[ring.stage]);
-      if (r == p.repair_tiles - 1) release(&sh.q_empty);
+      issue_block(r == p.repair_tiles - 1);
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);
       release(&sh.v_empty[prev.stage]);
