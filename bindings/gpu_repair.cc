@@ -68,11 +68,7 @@ void attention_fp8_repair(int batch, int seqlen_q, int seqlen_k, int heads, int 
   p.repair.k_descale = ptr<const float>(repair_k_descale);
   p.repair.v_packed = ptr<const uint8_t>(repair_v_packed);
   p.repair.tokens = ptr<const int>(repair_tokens);
-  p.out = ptr<void>(out);
-  p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
-  p.lse = ptr<float>(lse);  // 0: no LSE
-  p.softmax_scale = softmax_scale;
-  p.mid_window_blocks = mid_window_blocks;
+  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale, mid_window_blocks);
   enqueue([&] { return openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
