@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
@@ -357,6 +358,19 @@ __device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)
   if (kMaybePartial && valid < Cfg::kBlockN) mask_codes(st.p, valid, t);
 }
 
+// kGroup consecutive full blocks through the consumer's step (kernel.cuh, consumer_loop): none may be
+// the partial block, and only the group's last one flushes (unless kNeverFlush).
+template <int kGroup, bool kNeverFlush, class Step, size_t... J>
+__device__ __forceinline__ void step_group_impl(Step& step, int i, std::index_sequence<J...>) {
+  (step(i + int(J), std::false_type{},
+        std::integral_constant<int, (!kNeverFlush && int(J) + 1 == kGroup) ? 1 : 0>{}),
+   ...);
+}
+template <int kGroup, bool kNeverFlush, class Step>
+__device__ __forceinline__ void step_group(Step& step, int i) {
+  step_group_impl<kGroup, kNeverFlush>(step, i, std::make_index_sequence<kGroup>{});
+}
+
 template <int kVariant>
 __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelParams& p, int wg) {
   constexpr bool kRepair = (kVariant & kWithRepair) != 0;
@@ -365,7 +379,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
   const int g = lane >> 2, t = lane & 3;
   const int row_base = 64 * wg + 16 * warp_in_wg;
   // Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own.
-  // Measured 1-2% slower than letting both issue freely once the row max was cheap, so it is a variant.
+  // Measured 1-3% slower than letting both issue freely once the row max was cheap, so it is a variant.
   const int my_bar = 1 + wg, other_bar = 2 - wg;
   constexpr int kPair = 2 * 128;
   constexpr bool kOrdered = (kVariant & kPingPong) != 0;
@@ -458,36 +472,15 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       prev = ring;
       ring.advance();
     };
-    using Full = std::false_type;         // not the partial last block
-    using MaybePartial = std::true_type;  // possibly the partial last block
-    using Never = std::integral_constant<int, 0>;
-    using Always = std::integral_constant<int, 1>;
-    using ByIndex = std::integral_constant<int, 2>;
     int i = 1;
     // Blocks 1 .. n-2 in groups of the flush period (a flush after the tile whose index is a multiple
-    // of it), then the remaining ones and the last block with the general step.
-    constexpr int kPeriod = flush_tiles<kVariant>();
-    if constexpr ((kVariant & kGeneralLoop) != 0) {
-      // timing variant: every block through the general step, as before the specialization
-    } else if constexpr ((kVariant & kSkipAccumulate) != 0) {
-      for (; i <= n - 2; ++i) step(i, Full{}, Never{});
-    } else if constexpr (kPeriod == 1) {
-      for (; i <= n - 2; ++i) step(i, Full{}, Always{});
-    } else if constexpr (kPeriod == 2) {
-      for (; i + 1 <= n - 2; i += 2) {
-        step(i, Full{}, Never{});
-        step(i + 1, Full{}, Always{});
-      }
-    } else {
-      static_assert(kPeriod == 4, "flush period");
-      for (; i + 3 <= n - 2; i += 4) {
-        step(i, Full{}, Never{});
-        step(i + 1, Full{}, Never{});
-        step(i + 2, Full{}, Never{});
-        step(i + 3, Full{}, Always{});
-      }
+    // of it, i.e. the group's last), then the remaining ones and the last block with the general step.
+    if constexpr ((kVariant & kGeneralLoop) == 0) {
+      constexpr bool kNeverFlush = (kVariant & kSkipAccumulate) != 0;
+      constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kVariant>();
+      for (; i + kGroup - 1 <= n - 2; i += kGroup) step_group<kGroup, kNeverFlush>(step, i);
     }
-    for (; i < n; ++i) step(i, MaybePartial{}, ByIndex{});
+    for (; i < n; ++i) step(i, std::true_type{}, std::integral_constant<int, 2>{});
     // Repair tiles (numerics section 6): the same pipeline, no max update (a repair key repeats an
     // original key's score, which the max already covers), codes against the final max with each
     // key's own descale, numerator only. The first PV here is the last original tile's.
