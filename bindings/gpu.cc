@@ -63,7 +63,8 @@ void attention_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head_di
   openvc::AttentionParams p;
   p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed,
                     v_descale);
-  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale, mid_window_blocks);
+  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale);
+  p.mid_window_blocks = mid_window_blocks;
   enqueue([&] { return openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -81,11 +82,8 @@ void attention_general(int batch, int seqlen_q, int seqlen_k, int heads, int hea
   p.cu_seqlens_q = ptr<const int>(cu_seqlens_q), p.cu_seqlens_k = ptr<const int>(cu_seqlens_k);
   p.num_seqs = num_seqs, p.max_seqlen_q = max_seqlen_q, p.max_seqlen_k = max_seqlen_k;
   p.causal = causal;
-  p.out = ptr<void>(out);
-  p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
-  p.lse = ptr<float>(lse);  // 0: no LSE
+  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale);
   p.lse_stride_batch = lse_stride_batch, p.lse_stride_head = lse_stride_head;
-  p.softmax_scale = softmax_scale;
   p.mid_window_blocks = mid_window_blocks;
   enqueue([&] { return openvc::attention_general(p, reinterpret_cast<cudaStream_t>(stream)); });
 }

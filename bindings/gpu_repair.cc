@@ -68,7 +68,8 @@ void attention_fp8_repair(int batch, int seqlen_q, int seqlen_k, int heads, int 
   p.repair.k_descale = ptr<const float>(repair_k_descale);
   p.repair.v_packed = ptr<const uint8_t>(repair_v_packed);
   p.repair.tokens = ptr<const int>(repair_tokens);
-  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale, mid_window_blocks);
+  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale);
+  p.mid_window_blocks = mid_window_blocks;
   enqueue([&] { return openvc::attention_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 

@@ -49,15 +49,15 @@ inline openvc::Fp8Inputs fp8_inputs(int batch, int seqlen_q, int seqlen_k, int h
   return in;
 }
 
-// The output side of an attention call (out [B, Sq, H, D] with element strides, optional LSE, scale,
-// traversal), the same for the plain and the repair binding.
-inline void set_output(openvc::AttentionParams& p, uintptr_t out, int64_t out_stride_batch, int64_t out_stride_seq,
-                       int64_t out_stride_head, uintptr_t lse, float softmax_scale, int mid_window_blocks) {
+// The output side every attention parameter struct shares (AttentionParams, GeneralAttentionParams,
+// VcAttentionParams): out with element strides, optional LSE (0: none), softmax scale.
+template <typename Params>
+void set_output(Params& p, uintptr_t out, int64_t out_stride_batch, int64_t out_stride_seq, int64_t out_stride_head,
+                uintptr_t lse, float softmax_scale) {
   p.out = ptr<void>(out);
   p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
-  p.lse = ptr<float>(lse);  // 0: no LSE
+  p.lse = ptr<float>(lse);
   p.softmax_scale = softmax_scale;
-  p.mid_window_blocks = mid_window_blocks;
 }
 
 // Runs an API call that only enqueues work (it returns a Status) with the GIL released, so other

@@ -61,10 +61,7 @@ void attention_vc_fp8(int batch, int seqlen_q, int seqlen_k, int heads, int head
   p.in = fp8_inputs(batch, seqlen_q, seqlen_k, heads, head_dim, q_codes, q_descale, k_codes, k_descale, v_packed, 0);
   p.v_channel_descale = ptr<const float>(v_channel_descale);
   p.block_mean_scaled = ptr<const float>(block_mean_scaled);
-  p.out = ptr<void>(out);
-  p.out_stride_batch = out_stride_batch, p.out_stride_seq = out_stride_seq, p.out_stride_head = out_stride_head;
-  p.lse = ptr<float>(lse);  // 0: no LSE
-  p.softmax_scale = softmax_scale;
+  set_output(p, out, out_stride_batch, out_stride_seq, out_stride_head, lse, softmax_scale);
   enqueue([&] { return openvc::attention_vc_fp8(p, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
