@@ -3,7 +3,7 @@
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
 // Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants]
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
-// with one stage removed or doubled (src/attention/sm90/config.h: KernelVariant), interleaved.
+// with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +17,7 @@
 #ifdef OPENVC_BENCH_VARIANTS
 #include <string>
 
-#include "attention/sm90/launch.cuh"
+#include "attention/sm90/kernel_launch.cuh"
 #endif
 
 #define CHECK_CUDA(x)                                                                  \
@@ -187,23 +187,25 @@ int main(int argc, char** argv) {
     using namespace openvc::sm90;
     struct V {
       const char* name;
-      openvc::Status (*launch)(const openvc::AttentionParams&, cudaStream_t, const VcModeInputs&);
+      openvc::Status (*launch)(const LaunchPlan&, cudaStream_t);
     };
     const V variants[] = {
-        {"production", launch_expcast_attention<kProduction>},
-        {"ping-pong ordering", launch_expcast_attention<kPingPong>},
-        {"float row max (FMNMX)", launch_expcast_attention<kFloatMax>},
-        {"ping-pong + float max (before)", launch_expcast_attention<kPingPong | kFloatMax>},
-        {"general loop (no specialized steps)", launch_expcast_attention<kGeneralLoop>},
-        {"skip max", launch_expcast_attention<kSkipMax>},
-        {"skip convert", launch_expcast_attention<kSkipConvert>},
-        {"skip fp32 accumulate", launch_expcast_attention<kSkipAccumulate>},
-        {"double convert", launch_expcast_attention<kDoubleConvert>},
-        {"double max", launch_expcast_attention<kDoubleMax>},
-        {"fp32 accumulate every tile", launch_expcast_attention<kFlushEvery1>},
-        {"fp32 accumulate every 4 tiles", launch_expcast_attention<kFlushEvery4>},
+        {"production", launch_kernel<kPlainMode, kNoProbe>},
+        {"ping-pong ordering", launch_kernel<kPlainMode, kPingPong>},
+        {"float row max (FMNMX)", launch_kernel<kPlainMode, kFloatMax>},
+        {"ping-pong + float max (before)", launch_kernel<kPlainMode, kPingPong | kFloatMax>},
+        {"general loop (no specialized steps)", launch_kernel<kPlainMode, kGeneralLoop>},
+        {"skip max", launch_kernel<kPlainMode, kSkipMax>},
+        {"skip convert", launch_kernel<kPlainMode, kSkipConvert>},
+        {"skip fp32 accumulate", launch_kernel<kPlainMode, kSkipAccumulate>},
+        {"double convert", launch_kernel<kPlainMode, kDoubleConvert>},
+        {"double max", launch_kernel<kPlainMode, kDoubleMax>},
+        {"fp32 accumulate every tile", launch_kernel<kPlainMode, kFlushEvery1>},
+        {"fp32 accumulate every 4 tiles", launch_kernel<kPlainMode, kFlushEvery4>},
     };
     constexpr int kNum = sizeof(variants) / sizeof(variants[0]);
+    LaunchPlan plan;
+    CHECK_OK(plan_attention(ap, nullptr, &plan));
     // Output of the production kernel, to show how far each variant's result moves (rel L2).
     std::vector<__nv_bfloat16> base(n), got(n);
     CHECK_OK(openvc::attention_fp8(ap, s));
@@ -212,7 +214,7 @@ int main(int argc, char** argv) {
     double rel[kNum];
     for (int v = 0; v < kNum; ++v) {
       CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));  // poison: NaN bf16
-      CHECK_OK(variants[v].launch(ap, s, {}));
+      CHECK_OK(variants[v].launch(plan, s));
       CHECK_CUDA(cudaMemcpyAsync(got.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
       CHECK_CUDA(cudaStreamSynchronize(s));
       double num = 0, den = 0;
@@ -229,7 +231,7 @@ int main(int argc, char** argv) {
       float tr[kNum];
       for (int k = 0; k < kNum; ++k) {
         const int v = (k + r) % kNum;
-        tr[v] = graph_median_ms([&] { CHECK_OK(variants[v].launch(ap, s, {})); }, s, 1, reps);
+        tr[v] = graph_median_ms([&] { CHECK_OK(variants[v].launch(plan, s)); }, s, 1, reps);
       }
       for (int v = 0; v < kNum; ++v) times[v].push_back(tr[v]), ratios[v].push_back(tr[v] / tr[0]);
     }

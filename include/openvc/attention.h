@@ -70,6 +70,12 @@ struct PrepareParams {
   const int* cu_seqlens_k = nullptr;
   int max_seqlen_q = 0, max_seqlen_k = 0;  // host values, > 0 when packed
   int num_seqs = 0;                        // > 0 when packed
+  // Packed: token rows of q and of k/v (the tensors' first dimension). Required with cu_seqlens: the
+  // kernels clamp every offset to [0, total], so no offset makes them read or write out of bounds.
+  int64_t total_q = -1, total_k = -1;
+  // Optional per-sequence key counts (device int32, one per batch entry or sequence): keys at or past
+  // seqused_k[s] are padding, excluded from the K block and V maxima and coded 0 (key padding masks).
+  const int* seqused_k = nullptr;
   // Outputs (sizes as in Fp8Inputs, or as above for packed sequences).
   uint8_t* q_codes = nullptr;
   float* q_descale = nullptr;
@@ -103,14 +109,36 @@ struct RepairInputs {
 inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) * kQuantBlock; }
 
 // ---- Attention on prepared inputs -----------------------------------------------------------------
+// One kernel family; the parameters pick a compile-time mode of it (plain, repair, causal, packed /
+// key lengths). Three input forms, as prepare_fp8 writes them:
+// - Batched (default): in.batch, in.seqlen_q, in.seqlen_k give the sizes.
+// - Batched with key lengths (seqused_k set, cu_seqlens null): batch entry b uses its first
+//   seqused_k[b] keys (clamped to [0, seqlen_k]); the rest are padding (prepare_fp8 with the same
+//   seqused_k leaves them out of the scales). This is how key padding masks run.
+// - Packed sequences (cu_seqlens_q/k set, as prepare_fp8 packed): q_codes [total_q, H, D], k_codes
+//   [total_k, H, D], descales [num_seqs, H, ceil(max_seqlen/128)], v_packed [num_seqs, H, D,
+//   ceil(max_seqlen_k/128)*128]; in.batch/seqlen_q/seqlen_k are ignored. Offsets are read on the device
+//   only (graph replays may change them) and clamped to [0, total_q/total_k]: whatever they hold, no
+//   kernel reads or writes outside the tensors; rows that no sequence covers are not written. Output
+//   [total_q, H, D] at out + t*out_stride_seq + h*out_stride_head (out_stride_batch ignored); LSE
+//   [H, total_q]. seqused_k may cut each sequence's keys further.
+// A query row that sees no key (causal with Sq > Sk, an empty key sequence) gets output 0, lse -inf.
 struct AttentionParams {
   Fp8Inputs in;
-  RepairInputs repair;                 // optional (rows 0: none)
-  void* out = nullptr;                 // BF16 [B, Sq, H, D]
+  RepairInputs repair;                 // optional (rows 0: none); plain batched calls only
+  void* out = nullptr;                 // BF16 [B, Sq, H, D] (packed: [total_q, H, D])
   int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;  // elements
-  float* lse = nullptr;                // optional FP32 [B, H, Sq], natural log
+  float* lse = nullptr;                // optional FP32 [B, H, Sq] (packed: [H, total_q]), natural log
   float softmax_scale = 0.0f;          // <= 0: 1/sqrt(D)
   int mid_window_blocks = 4;           // kNaturalOrder for natural order
+  // Causal, aligned to the end: key j visible to query i iff j <= i + Sk - Sq. Blocks above the
+  // diagonal are skipped; traversal from the diagonal down (numerics section 5).
+  bool causal = false;
+  const int* cu_seqlens_q = nullptr;   // packed: int32 device [num_seqs + 1], 4-byte aligned
+  const int* cu_seqlens_k = nullptr;
+  int num_seqs = 0, max_seqlen_q = 0, max_seqlen_k = 0;  // packed: host bounds (> 0) of every length
+  int64_t total_q = -1, total_k = -1;  // packed: token rows of q_codes / k_codes (required)
+  const int* seqused_k = nullptr;      // optional int32 device [batch or num_seqs] key counts
 };
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
 

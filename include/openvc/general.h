@@ -36,6 +36,13 @@ struct GeneralAttentionParams {
   const int* cu_seqlens_q = nullptr;   // packed sequences only
   const int* cu_seqlens_k = nullptr;
   int num_seqs = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+  // Packed: the token rows of q_codes / k_codes (and of out). Required with cu_seqlens: the kernel
+  // clamps every offset to [0, total], so offsets past the end or negative never read or write outside
+  // the tensors (they shorten or empty the sequence). -1: not given.
+  int64_t total_q = -1, total_k = -1;
+  // Optional per-sequence key counts (device int32 [num_seqs] or [batch]): keys at or past
+  // seqused_k[s] of sequence s are masked (code 0). Batched or packed; null: every key is used.
+  const int* seqused_k = nullptr;
   // BF16 output. Batched: [B, Sq, H, D] at out + b*stride_batch + i*stride_seq + h*stride_head.
   // Packed: [total_q, H, D] at out + t*stride_seq + h*stride_head (t = cu_seqlens_q[s] + i;
   // stride_batch ignored). Elements; the head dim is contiguous.

@@ -70,6 +70,11 @@ inline constexpr int kNaturalOrder = -1;  // mid_window_blocks value meaning "vi
 std::vector<int> key_block_order(int diag, int n, int mid_window_blocks);
 // diag = floor(r0 * Sk / Sq / key_tile) in 64-bit integer arithmetic.
 int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile);
+// Causal (aligned to the end): the number of key blocks that the last row of a query tile sees,
+// clamp(floor((last_query_row + Sk - Sq) / key_tile) + 1, 0, ceil(Sk / key_tile)). The causal order
+// visits those blocks from the diagonal down: key_block_order(nv - 1, nv, w) = nv-1, ..., 0 for any
+// w >= 0, 0..nv-1 for natural order; the blocks after them are invisible to every row of the tile.
+int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile);
 
 // ---- Sections 2-6: attention ----------------------------------------------------------------------
 struct AttentionOptions {

@@ -56,6 +56,8 @@ struct TokenArgs {
   int64_t stride_batch, stride_seq, stride_head;
   int seqlen;              // batched: every sequence's length; packed: max_seqlen (sizes the grid)
   const int* cu_seqlens;   // device, num_seqs + 1 offsets; null: batched
+  int64_t total;           // packed: token rows of the tensor; offsets are clamped to [0, total]
+  const int* seqused;      // optional per-sequence used lengths (keys past them are padding); null: all
 };
 
 // Where sequence b lies: the token row of its first token in the [total, H, D] code outputs (b * S
@@ -65,12 +67,19 @@ struct SeqSpan {
   int64_t in_offset;
   int len;
 };
+// Offsets are clamped to the tensor, whatever they hold (a bad offset shortens or empties its sequence
+// and never reads or writes outside the tensors); seqused shortens a sequence further.
 __device__ __forceinline__ SeqSpan seq_span(const TokenArgs& a, int b) {
-  if (a.cu_seqlens == nullptr)
-    return {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen};
-  const int start = __ldg(a.cu_seqlens + b);
-  const int end = __ldg(a.cu_seqlens + b + 1);
-  return {start, static_cast<int64_t>(start) * a.stride_seq, end - start};
+  SeqSpan sp;
+  if (a.cu_seqlens == nullptr) {
+    sp = {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen};
+  } else {
+    const int64_t start = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b)), int64_t(0)), a.total);
+    const int64_t end = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b + 1)), start), a.total);
+    sp = {start, start * a.stride_seq, static_cast<int>(end - start)};
+  }
+  if (a.seqused != nullptr) sp.len = min(sp.len, max(__ldg(a.seqused + b), 0));
+  return sp;
 }
 
 // Q or K side of quantize_qk_kernel.
@@ -184,10 +193,14 @@ __device__ __forceinline__ float block_max(float m, float* red) {
   return m;
 }
 
-// Section 1 scales, one FP32 division each (IEEE: this file is never built with fast math).
-__device__ __forceinline__ float descale_of(float amax) { return __fdiv_rn(amax, kE4M3Max); }
+// Section 1 scales, one FP32 division each (IEEE: this file is never built with fast math). A tiny
+// group (448 / amax overflows: amax below ~1.3e-36, BF16 subnormals) is all zeros: scale_inv 0 and
+// descale 0, so no code becomes NaN through an infinite scale (0 * inf). A group holding Inf has
+// amax Inf: scale_inv 0, descale Inf (its (batch, head) output is non-finite, numerics section 1).
+__device__ __forceinline__ bool tiny_group(float amax) { return amax > 0.0f && __fdiv_rn(kE4M3Max, amax) == INFINITY; }
+__device__ __forceinline__ float descale_of(float amax) { return tiny_group(amax) ? 0.0f : __fdiv_rn(amax, kE4M3Max); }
 __device__ __forceinline__ float scale_inv_of(float amax) {
-  return amax > 0.0f ? __fdiv_rn(kE4M3Max, amax) : 0.0f;
+  return amax > 0.0f && !tiny_group(amax) ? __fdiv_rn(kE4M3Max, amax) : 0.0f;
 }
 
 // 16 elements -> 16 codes: E4M3(float(x) * scale_inv), one rounded FP32 multiply per element.

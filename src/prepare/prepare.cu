@@ -83,7 +83,12 @@ Status validate_mode(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.cu_seqlens_k must be 4-byte aligned (int32)");
   OPENVC_RETURN_IF_ERROR(check_positive("num_seqs", p.num_seqs));
   OPENVC_RETURN_IF_ERROR(check_positive("max_seqlen_q", p.max_seqlen_q));
-  return check_positive("max_seqlen_k", p.max_seqlen_k);
+  OPENVC_RETURN_IF_ERROR(check_positive("max_seqlen_k", p.max_seqlen_k));
+  if (p.total_q < 0 || p.total_k < 0)
+    return Status::Invalid("prepare_fp8: params.total_q and total_k (token rows of q and of k/v) are needed with "
+                           "cu_seqlens: offsets are clamped to them; got " + std::to_string(p.total_q) + ", " +
+                           std::to_string(p.total_k));
+  return Status::Ok();
 }
 
 Status validate(const PrepareParams& p) {
@@ -104,6 +109,8 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_output("k_descale", p.k_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("v_descale", p.v_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
+  if (p.seqused_k != nullptr && !aligned(p.seqused_k, alignof(int)))
+    return Status::Invalid("prepare_fp8: params.seqused_k must be 4-byte aligned (int32)");
   const size_t need = prepare_workspace_bytes(d.nseq, p.heads);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
@@ -121,8 +128,9 @@ Status validate(const PrepareParams& p) {
 }
 
 // Packed inputs: the batch stride is unused (passed as 0), the kernels read the offsets instead.
-prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* cu_seqlens) {
-  return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens};
+prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* cu_seqlens, int64_t total,
+                              const int* seqused) {
+  return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total, seqused};
 }
 
 template <typename T, int D>
@@ -133,9 +141,9 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
 
   prepare::QkArgs qk{};
-  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
+  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
                 p.q_descale};
-  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
+  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
                 p.k_descale};
   qk.heads = p.heads;
   qk.v_amax = v_amax;
@@ -144,7 +152,7 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
 
   prepare::VArgs va{};
-  va.in = token_args(p.v, d.sk, p.cu_seqlens_k);
+  va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
   va.heads = p.heads;
   va.nblocks = static_cast<int>(num_quant_blocks(d.sk));
   va.v_amax = v_amax;

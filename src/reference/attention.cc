@@ -132,8 +132,12 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
     const int nrows = static_cast<int>(std::min<int64_t>(opt.query_tile, sq - r0));
     std::fill(A_buf.begin(), A_buf.end(), 0.0);
     for (int r = 0; r < nrows; ++r) rows[r] = RowState{kNegInf, 0.0, &A_buf[static_cast<size_t>(r) * D]};
+    // Causal: only the blocks the tile's last row sees, from the diagonal down (numerics section 5).
+    const int nv = opt.causal ? causal_visible_blocks(r0 + nrows - 1, sq, sk, bt) : n;
     const std::vector<int> order =
-        n > 0 ? key_block_order(diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks) : std::vector<int>();
+        nv <= 0 ? std::vector<int>()
+        : opt.causal ? key_block_order(nv - 1, nv, opt.mid_window_blocks)
+                     : key_block_order(diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks);
 
     for (int b : order) {
       const int64_t j0 = static_cast<int64_t>(b) * bt, j1 = std::min<int64_t>(j0 + bt, sk);

@@ -52,4 +52,12 @@ int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile
   return static_cast<int>(first_query_row * sk / sq / key_tile);
 }
 
+int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile) {
+  if (last_query_row < 0 || sq <= 0 || sk <= 0 || key_tile <= 0) return 0;
+  const int64_t last_key = last_query_row + (sk - sq);   // the last key the row sees
+  if (last_key < 0) return 0;
+  const int64_t n = (sk + key_tile - 1) / key_tile;
+  return static_cast<int>(std::min<int64_t>(last_key / key_tile + 1, n));
+}
+
 }  // namespace openvc::reference

@@ -31,8 +31,11 @@ float quantize_group(const float* x, const Sequences& seqs, int h, int64_t t0, i
       if (a > amax) amax = a;
     }
   }
-  const float scale_inv = amax > 0.0f ? kE4M3Max / amax : 0.0f;  // one FP32 division each
-  const float descale = amax / kE4M3Max;
+  float scale_inv = amax > 0.0f ? kE4M3Max / amax : 0.0f;  // one FP32 division each
+  float descale = amax / kE4M3Max;
+  // Tiny group (448 / amax overflows: amax below ~1.3e-36): all zeros, so no code is NaN because of
+  // the scale (inf * 0). A group holding Inf keeps scale_inv 0 and descale Inf (numerics section 1).
+  if (!std::isfinite(scale_inv)) scale_inv = descale = 0.0f;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t base = (t * H + h) * D;
     for (int64_t c = 0; c < D; ++c) codes[base + c] = e4m3_encode(x[base + c] * scale_inv);

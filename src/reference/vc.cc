@@ -126,6 +126,7 @@ void v_smooth(const float* vp, int64_t start, int len, int H, int h, int D, floa
     // Same scale formulas as section 1, one group per channel.
     scale_inv[c] = amax[c] > 0.0f ? kE4M3Max / amax[c] : 0.0f;
     descale[c] = amax[c] > 0.0f ? amax[c] / kE4M3Max : 1.0f;
+    if (!std::isfinite(scale_inv[c])) scale_inv[c] = 0.0f, descale[c] = 1.0f;  // tiny residual: zeros
     for (int j = 0; j < len; ++j) {
       codes[((start + j) * H + h) * static_cast<int64_t>(D) + c] =
           e4m3_encode(resid[static_cast<size_t>(j) * D + c] * scale_inv[c]);

@@ -43,6 +43,8 @@ struct KernelParams {
   const float* v_descale;
   const int* cu_q;       // packed: num_seqs + 1 offsets; null: batched
   const int* cu_k;
+  const int* seqused_k;  // optional per-sequence key counts (keys past them are masked); null: none
+  int64_t total_q, total_k;  // packed: rows of q/k codes; offsets are clamped to them
   int heads;
   int seqlen_q, seqlen_k;  // batched: the lengths; packed: max_seqlen_q/k (bounds)
   int nq, nk;              // descale blocks per (sequence, head); v_packed row pitch = nk * 128
@@ -109,12 +111,19 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
   int64_t q0, k0;
   int sq, sk;
   if (p.cu_q != nullptr) {
-    q0 = p.cu_q[s], k0 = p.cu_k[s];
-    sq = max(p.cu_q[s + 1] - int(q0), 0), sk = max(p.cu_k[s + 1] - int(k0), 0);
+    // Clamped to the tensors, whatever the offsets hold: a bad offset never reads or writes outside q,
+    // k, v or out (it shortens or empties the sequence instead).
+    const int64_t qa = min(max(int64_t(p.cu_q[s]), int64_t(0)), p.total_q);
+    const int64_t qb = min(max(int64_t(p.cu_q[s + 1]), qa), p.total_q);
+    const int64_t ka = min(max(int64_t(p.cu_k[s]), int64_t(0)), p.total_k);
+    const int64_t kb = min(max(int64_t(p.cu_k[s + 1]), ka), p.total_k);
+    q0 = qa, k0 = ka;
+    sq = int(qb - qa), sk = int(kb - ka);   // rows past nq*128 / keys past nk*128 are never touched
   } else {
     q0 = int64_t(s) * p.seqlen_q, k0 = int64_t(s) * p.seqlen_k;
     sq = p.seqlen_q, sk = p.seqlen_k;
   }
+  if (p.seqused_k != nullptr) sk = min(sk, max(p.seqused_k[s], 0));
   const int r0 = tile * kTile;
   if (r0 >= sq) return;   // uniform over the CTA: past this sequence's end (or an empty sequence)
   const int rows = min(kTile, sq - r0);
@@ -147,18 +156,18 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
     for (int c = 0; c < kCols; ++c) A[i][c] = 0.0f;
 
   // Traversal (numerics.md section 5): j0 = min(diag + w, n - 1); j0 down to 0, then j0 + 1 up.
-  int j0 = n - 1;
-  if (p.mid_window >= 0 && n > 0) {
+  // Causal: only the nv blocks the tile's last row sees, from the diagonal (j0 = nv - 1) down.
+  const int64_t last_key = int64_t(r0 + rows - 1) + (sk - sq);   // the last key the tile's last row sees
+  const int nv = !p.causal ? n : last_key < 0 ? 0 : int(min(last_key / kTile + 1, int64_t(n)));
+  int j0 = nv - 1;
+  if (p.mid_window >= 0 && n > 0 && !p.causal) {
     const int64_t diag = int64_t(r0) * sk / sq / kTile;
     j0 = int(min(diag + p.mid_window, int64_t(n - 1)));
   }
-  // Causal: the last row of the tile sees keys < last_visible; blocks starting there are skipped.
-  const int64_t last_visible = int64_t(r0 + rows - 1) + (sk - sq) + 1;
 
-  for (int t = 0; t < n; ++t) {
+  for (int t = 0; t < nv; ++t) {
     const int b = p.mid_window < 0 ? t : (t <= j0 ? j0 - t : t);
     const int kb = b * kTile;
-    if (p.causal && kb >= last_visible) continue;   // uniform: no row of the tile sees this block
     const int kcount = min(kTile, sk - kb);
     const float a = __fmul_rn(qa, dk[b]);
 
@@ -286,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
 
   // ---- Epilogue: O = dv * A / l in BF16; lse --------------------------------------------------------
   const bool packed = p.cu_q != nullptr;
-  const double dv = n > 0 ? double(p.v_descale[group]) : 0.0;
+  const double dv = nv > 0 ? double(p.v_descale[group]) : 0.0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int r = ty + 16 * i;

@@ -43,6 +43,9 @@ Status validate(const GeneralAttentionParams& p) {
     if (p.max_seqlen_q < 0 || p.max_seqlen_k < 0)
       return Status::Invalid("max_seqlen_q, max_seqlen_k: expected >= 0 (bounds of every sequence's length), got " +
                              str(p.max_seqlen_q) + ", " + str(p.max_seqlen_k));
+    if (p.total_q < 0 || p.total_k < 0)
+      return Status::Invalid("total_q, total_k: the token rows of q_codes and k_codes are needed with cu_seqlens "
+                             "(offsets are clamped to them), got " + str(p.total_q) + ", " + str(p.total_k));
   } else {
     if (p.num_seqs != 0 || p.max_seqlen_q != 0 || p.max_seqlen_k != 0)
       return Status::Invalid("num_seqs, max_seqlen_q, max_seqlen_k: only used with cu_seqlens; must stay 0 for "
@@ -61,6 +64,7 @@ Status validate(const GeneralAttentionParams& p) {
   for (const auto& x : ptrs)   // 32-bit loads of 4 codes; descales are floats; out holds BF16
     if (!aligned(x.ptr, x.ptr == p.out ? 2 : 4)) return Status::Invalid(std::string(x.name) + " is misaligned");
   if (p.lse != nullptr && !aligned(p.lse, 4)) return Status::Invalid("lse is misaligned (FP32)");
+  if (p.seqused_k != nullptr && !aligned(p.seqused_k, 4)) return Status::Invalid("seqused_k is misaligned (int32)");
   // Rows of the output must not overlap: zero (unset) strides would make every row write the same memory.
   const int D = in.head_dim;
   const int64_t rows_q = packed ? p.max_seqlen_q : in.seqlen_q;
@@ -117,6 +121,8 @@ Status attention_general(const GeneralAttentionParams& params, cudaStream_t stre
   kp.k_codes = in.k_codes, kp.k_descale = in.k_descale;
   kp.v_packed = in.v_packed, kp.v_descale = in.v_descale;
   kp.cu_q = params.cu_seqlens_q, kp.cu_k = params.cu_seqlens_k;
+  kp.seqused_k = params.seqused_k;
+  kp.total_q = params.total_q, kp.total_k = params.total_k;
   kp.heads = in.heads;
   kp.seqlen_q = sq, kp.seqlen_k = sk;
   kp.nq = static_cast<int>(num_quant_blocks(sq));

@@ -1,6 +1,8 @@
 // The sm_90a ExpCast attention kernel: one producer warpgroup (TMA, registers handed back) and two
-// consumer warpgroups in ping-pong (QK^T and PV on the tensor cores, ExpCast in between), persistent
-// over (batch, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5.
+// consumer warpgroups (QK^T and PV on the tensor cores, ExpCast in between), persistent over
+// (sequence, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5. Template
+// arguments: the production Mode bits (mode.h: plain, repair, VC, causal, varlen) and a timing Probe
+// (probes.h, bench only; kNoProbe in the library).
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -12,6 +14,9 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/gmma.cuh"
+#include "attention/sm90/kernel_params.h"
+#include "attention/sm90/mode.h"
+#include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
 #include "attention/sm90/traversal.h"
 
@@ -19,33 +24,18 @@ namespace openvc::sm90 {
 
 using Cfg = KernelConfig;
 
-struct KernelParams {
-  int batch, heads, seqlen_q, seqlen_k;
-  int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
-  const float* q_descale;   // [B, H, num_q_tiles]
-  const float* k_descale;   // [B, H, num_k_blocks]
-  const float* v_descale;   // [B, H]
-  __nv_bfloat16* out;       // [B, Sq, H, D] with strides
-  int64_t out_stride_b, out_stride_s, out_stride_h;
-  float* lse;               // optional [B, H, Sq]
-  float qk_multiplier;      // 2^-24 * 8 * log2e * softmax_scale (the scaled ExpCast domain)
-  // V residual repair (numerics section 6): repair_rows rows per (b, h) in repair_tiles key tiles,
-  // visited after every original block; 0 tiles = plain path.
-  int repair_rows, repair_tiles;
-  const float* repair_k_descale;  // [B, H, repair_tiles * 128], each row's own K block descale
-  // VC mode only (kVcMode): per-channel V descales [B, H, D] and block means / descale [B, H, nk, D].
-  const float* vc_channel_descale;
-  const float* vc_mean_scaled;
-};
 
+// Shared storage of a mode: only VC mode holds the block means.
+template <int kMode>
 struct alignas(1024) SharedStorage {
+  static constexpr int kMeanStages = has_mode<kMode>(kVcMode) ? Cfg::kStages : 0;
   uint8_t q[Cfg::kQBytes];
   uint8_t k[Cfg::kStages][Cfg::kTileBytes];
   uint8_t v[Cfg::kStages][Cfg::kVStageBytes];
-  float vc_mean[Cfg::kStages][Cfg::kHeadDim];  // VC mode: the V tile's block mean (scaled), same barrier
   uint64_t q_full, q_empty;
   uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
+  float vc_mean[kMeanStages > 0 ? kMeanStages : 1][Cfg::kHeadDim];  // VC: the V tile's block mean / descale
 };
 static_assert(Cfg::kQBytes % 1024 == 0 && Cfg::kTileBytes % 1024 == 0 && Cfg::kVStageBytes % 1024 == 0,
               "swizzled operand tiles must stay 1024-byte aligned");
@@ -55,22 +45,68 @@ using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
 
 struct TileCoord {
-  int b, h, qt;
+  int b, h, qt;  // b: batch entry or packed sequence
 };
+template <int kMode>
 __device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p) {
-  // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2.
+  // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2. Causal:
+  // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light.
   TileCoord c;
   c.qt = tile % p.num_q_tiles;
+  if constexpr (has_mode<kMode>(kCausalMode)) c.qt = p.num_q_tiles - 1 - c.qt;
   const int bh = tile / p.num_q_tiles;
   c.h = bh % p.heads;
   c.b = bh / p.heads;
   return c;
 }
-__device__ __forceinline__ KeyOrder tile_key_order(const TileCoord& c, const KernelParams& p) {
-  // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the range)
-  // because a 64-bit division is a call, and a call serializes the wgmma pipeline.
-  const int diag = static_cast<int>((uint32_t(c.qt) * uint32_t(p.seqlen_k)) / uint32_t(p.seqlen_q));
-  return KeyOrder(diag, p.num_k_blocks, p.mid_window_blocks);
+
+// What one query tile does, computed identically by the producer and the consumers.
+struct TileWork {
+  TileCoord c;
+  int q_row;     // TMA row of the tile's first query (plain: in the [B, Sq] map; varlen: of [total_q])
+  int k_row0;    // varlen: TMA row of the sequence's first key (plain: 0)
+  int sq, sk;    // the sequence's query and key counts
+  int q_out0;    // output token of query row 0 (packed: cu_q[s]; batched: 0)
+  int n;         // key blocks to visit; 0: no visible key (output 0, lse -inf); < 0: no query row here
+  KeyOrder order;
+};
+template <int kMode>
+__device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p) {
+  constexpr bool kVarlen = has_mode<kMode>(kVarlenMode), kCausal = has_mode<kMode>(kCausalMode);
+  TileWork w{decode_tile<kMode>(tile, p), 0, 0, p.seqlen_q, p.seqlen_k, 0, p.num_k_blocks, KeyOrder(0, 1, -1)};
+  const int r0 = w.c.qt * Cfg::kBlockM;
+  w.q_row = r0;
+  if constexpr (kVarlen) {
+    int q0 = w.c.b * p.seqlen_q, k0 = w.c.b * p.seqlen_k;
+    if (p.cu_q != nullptr) {  // clamped to the tensors: no offset reads or writes out of bounds
+      q0 = min(max(__ldg(p.cu_q + w.c.b), 0), p.total_q);
+      w.sq = min(max(__ldg(p.cu_q + w.c.b + 1), q0), p.total_q) - q0;
+      k0 = min(max(__ldg(p.cu_k + w.c.b), 0), p.total_k);
+      w.sk = min(max(__ldg(p.cu_k + w.c.b + 1), k0), p.total_k) - k0;
+      w.q_out0 = q0;
+    }
+    if (p.seqused_k != nullptr) w.sk = min(w.sk, max(__ldg(p.seqused_k + w.c.b), 0));
+    w.sk = min(w.sk, p.num_k_blocks * Cfg::kBlockN);  // keys past the descale / V arrays are never read
+    w.q_row = q0 + r0;
+    w.k_row0 = k0;
+    w.n = (w.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  }
+  if ((kVarlen || kCausal) && r0 >= w.sq) {
+    w.n = -1;
+    return w;
+  }
+  if constexpr (kCausal) {
+    // Blocks the tile's last row sees (numerics section 5), visited from the diagonal down.
+    const int last_key = min(r0 + Cfg::kBlockM, w.sq) - 1 + (w.sk - w.sq);
+    w.n = last_key < 0 ? 0 : min(last_key / Cfg::kBlockN + 1, w.n);
+    w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
+  } else {
+    // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
+    // range) because a 64-bit division is a call, and a call serializes the wgmma pipeline.
+    const int diag = static_cast<int>((uint32_t(w.c.qt) * uint32_t(w.sk)) / uint32_t(w.sq));
+    w.order = KeyOrder(diag, w.n, p.mid_window_blocks);
+  }
+  return w;
 }
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
@@ -85,26 +121,34 @@ struct RingState {
   }
 };
 
-template <int kVariant>
-__device__ __forceinline__ void producer_loop(SharedStorage& sh, const KernelParams& p, const CUtensorMap* tm_q,
+template <int kMode, int kProbe>
+__device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const KernelParams& p, const CUtensorMap* tm_q,
                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                               const CUtensorMap* tm_krep, const CUtensorMap* tm_vrep) {
+  constexpr bool kVarlen = has_mode<kMode>(kVarlenMode);
   RingState ring;
-  int iter = 0;
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++iter) {
-    const TileCoord c = decode_tile(tile, p);
-    const KeyOrder order = tile_key_order(c, p);
+  int iter = 0;  // Q tiles loaded (tiles without keys load none)
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    const TileWork w = tile_work<kMode>(tile, p);
+    const TileCoord& c = w.c;
+    if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
+    ++iter;
     TxBarrier::arrive_and_expect_tx(&sh.q_full, Cfg::kQBytes);
-    cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, c.qt * Cfg::kBlockM, c.h, c.b);
-    for (int i = 0; i < p.num_k_blocks; ++i, ring.advance()) {
-      const int blk = order(i);
+    if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
+    else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
+    for (int i = 0; i < w.n; ++i, ring.advance()) {
+      const int blk = w.order(i);
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
-      cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
-                                   c.h, c.b);
+      if constexpr (kVarlen)
+        cute::SM90_TMA_LOAD_3D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0,
+                                     w.k_row0 + blk * Cfg::kBlockN, c.h);
+      else
+        cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
+                                     c.h, c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
-      constexpr int kMeanBytes = (kVariant & kVcMode) ? Cfg::kHeadDim * 4 : 0;
+      constexpr int kMeanBytes = has_mode<kMode>(kVcMode) ? Cfg::kHeadDim * 4 : 0;
       TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes + kMeanBytes);
       cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * Cfg::kBlockN, 0,
                                    c.b * p.heads + c.h);
@@ -114,7 +158,7 @@ __device__ __forceinline__ void producer_loop(SharedStorage& sh, const KernelPar
             &sh.v_full[ring.stage], sh.vc_mean[ring.stage], kMeanBytes);
     }
     // Repair tiles: K copies [B, H, R, D] and residual V [B*H, D, R], after every original block.
-    for (int r = 0; (kVariant & kWithRepair) && r < p.repair_tiles; ++r, ring.advance()) {
+    for (int r = 0; has_mode<kMode>(kRepairMode) && r < p.repair_tiles; ++r, ring.advance()) {
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
       cute::SM90_TMA_LOAD_4D::copy(tm_krep, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, r * Cfg::kBlockN, c.h,
@@ -142,14 +186,23 @@ struct ConsumerState {
   uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
   float m_lo, m_hi;    // running maxima in scaled code units (2^-24 M): the codes' reference
   float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
+  bool huge;           // warp-uniform: some row's |M'| >= kHugeMaxScaled, so codes are clipped at 120
+};
+
+// Keys of a key block that rows g (lo) and g+8 (hi) of this thread may see, and whether any row of the
+// tile sees fewer than the whole block (uniform over the CTA, so the masked path never diverges).
+struct BlockMask {
+  int lo, hi;
+  bool on;
 };
 
 // Masked keys get code 0: clear their bytes after conversion (register p[4kb+r] holds columns
-// c, c+1, c+8, c+9 with c = 32kb + 16*(r>=2) + 2t).
-__device__ __forceinline__ void mask_codes(uint32_t (&p)[16], int valid, int t) {
+// c, c+1, c+8, c+9 with c = 32kb + 16*(r>=2) + 2t, of row g for even r and row g+8 for odd r).
+__device__ __forceinline__ void mask_codes(uint32_t (&p)[16], int valid_lo, int valid_hi, int t) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const int c = 32 * (i / 4) + ((i % 4) >= 2 ? 16 : 0) + 2 * t;
+    const int valid = (i % 2) == 0 ? valid_lo : valid_hi;
     uint32_t keep = 0;
     keep |= c < valid ? 0x000000FFu : 0u;
     keep |= c + 1 < valid ? 0x0000FF00u : 0u;
@@ -167,13 +220,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// A row that has seen no key yet (causal: a row whose keys all lie in blocks visited later, or none
+// at all) keeps M = -inf, and -inf - -inf is NaN: kGuard maps such a row's factor to 1 (its O, l and
+// partial are 0). Elsewhere M >= M_O always, so the clamp changes nothing.
+template <bool kGuard>
+__device__ __forceinline__ float growth_exp2(float gap_log2) {
+  return fast_exp2(kGuard ? fmaxf(gap_log2, 0.0f) : gap_log2);
+}
+template <bool kGuard>
+__device__ __forceinline__ float shrink_exp2(float gap_log2) {
+  return fast_exp2(kGuard ? fminf(gap_log2, 0.0f) : gap_log2);
+}
+
 // Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
 // with beta = 2^((m - mo)/8) <= 2^8. kChunks 17: O and l; 16: O only (repair tiles add to the
 // numerator only, numerics section 6, so l stays the denominator of the original keys).
-template <int kChunks = 17>
+template <int kChunks = 17, bool kGuard = false>
 __device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
-  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
-  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
+  const float beta_lo = growth_exp2<kGuard>((st.m_lo - st.mo_lo) * kMaxToLog2);
+  const float beta_hi = growth_exp2<kGuard>((st.m_hi - st.mo_hi) * kMaxToLog2);
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
@@ -203,10 +268,10 @@ __device__ __forceinline__ void accumulate_tile_vc(ConsumerState& st, const floa
 }
 
 // Flush of the tensor-core partial into the FP32 accumulator, in the kernel's mode.
-template <int kVariant>
-__device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage& sh, int stage, int t) {
-  if constexpr ((kVariant & kVcMode) != 0) accumulate_tile_vc(st, sh.vc_mean[stage], t);
-  else accumulate_tile(st);
+template <int kMode>
+__device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage<kMode>& sh, int stage, int t) {
+  if constexpr (has_mode<kMode>(kVcMode)) accumulate_tile_vc(st, sh.vc_mean[stage], t);
+  else accumulate_tile<17, has_mode<kMode>(kCausalMode)>(st);
 }
 
 template <int N>
@@ -225,19 +290,28 @@ __device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
 // that scale when it is added (beta), which is exact arithmetic for the same result as rescaling O
 // and l at every increase (numerics section 4). O is rebased only when m runs 2^8 ahead of mo, so
 // most increases cost two exponentials instead of 136 multiplies. A tensor-core partial that is not
-// flushed yet holds products at the old m and is rescaled (rescale_pv).
+// flushed yet holds products at the old m and is rescaled (rescale_pv). The huge-max flag is updated
+// here, where the max changes, so the conversion pays one uniform branch for it.
+template <bool kGuard>
 __device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi, bool rescale_pv) {
   const float new_lo = fmaxf(st.m_lo, tile_lo);
   const float new_hi = fmaxf(st.m_hi, tile_hi);
   const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
   if (!__any_sync(0xffffffffu, grew)) return;
   if (rescale_pv)  // exp2(-inf) = 0 cannot occur: a partial exists only after the first tile
-    scale_rows(st.pv, fast_exp2((st.m_lo - new_lo) * kMaxToLog2), fast_exp2((st.m_hi - new_hi) * kMaxToLog2));
+    scale_rows(st.pv, shrink_exp2<kGuard>((st.m_lo - new_lo) * kMaxToLog2),
+               shrink_exp2<kGuard>((st.m_hi - new_hi) * kMaxToLog2));
   st.m_lo = new_lo;
   st.m_hi = new_hi;
+  // |M'| large enough that the addend's rounding could push a code past 120 (never for real data:
+  // scores beyond ~7e5 nats); -inf (no key seen yet) codes 0 through the relu either way.
+  const float a_lo = fabsf(new_lo), a_hi = fabsf(new_hi);
+  st.huge = __any_sync(0xffffffffu, (a_lo >= kHugeMaxScaled && a_lo < INFINITY) ||
+                                        (a_hi >= kHugeMaxScaled && a_hi < INFINITY));
   if (st.mo_lo == -INFINITY) st.mo_lo = new_lo;  // first tile: O is still zero
   if (st.mo_hi == -INFINITY) st.mo_hi = new_hi;
-  const float gap_lo = (st.m_lo - st.mo_lo) * kMaxToLog2, gap_hi = (st.m_hi - st.mo_hi) * kMaxToLog2;
+  float gap_lo = (st.m_lo - st.mo_lo) * kMaxToLog2, gap_hi = (st.m_hi - st.mo_hi) * kMaxToLog2;
+  if (kGuard) gap_lo = fmaxf(gap_lo, 0.0f), gap_hi = fmaxf(gap_hi, 0.0f);
   if (__any_sync(0xffffffffu, gap_lo > 8.0f || gap_hi > 8.0f)) {
     scale_rows(st.o, fast_exp2(-gap_lo), fast_exp2(-gap_hi));
     st.mo_lo = st.m_lo;
@@ -248,21 +322,25 @@ __device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, flo
 // Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
 // row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
+template <bool kClip>
 __device__ __forceinline__ void convert_tile(const float (&s)[64], float a, float b_lo, float b_hi, uint32_t (&p)[16]) {
+  auto pair = [](float s0, float s1, float a_, float b_) {
+    return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
+  };
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-    p[4 * kb + 0] = pack_codes(expcast_pair(s[c0 + 0], s[c0 + 1], a, b_lo), expcast_pair(s[c1 + 0], s[c1 + 1], a, b_lo));
-    p[4 * kb + 1] = pack_codes(expcast_pair(s[c0 + 2], s[c0 + 3], a, b_hi), expcast_pair(s[c1 + 2], s[c1 + 3], a, b_hi));
-    p[4 * kb + 2] = pack_codes(expcast_pair(s[c2 + 0], s[c2 + 1], a, b_lo), expcast_pair(s[c3 + 0], s[c3 + 1], a, b_lo));
-    p[4 * kb + 3] = pack_codes(expcast_pair(s[c2 + 2], s[c2 + 3], a, b_hi), expcast_pair(s[c3 + 2], s[c3 + 3], a, b_hi));
+    p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a, b_lo), pair(s[c1 + 0], s[c1 + 1], a, b_lo));
+    p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a, b_hi), pair(s[c1 + 2], s[c1 + 3], a, b_hi));
+    p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a, b_lo), pair(s[c3 + 0], s[c3 + 1], a, b_lo));
+    p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a, b_hi), pair(s[c3 + 2], s[c3 + 3], a, b_hi));
   }
 }
 
 // Codes of a repair tile against the final max: the same FMA with each key's own multiplier
 // qscale * descale_k (kd: the tile's 128 per-row descales), then padded rows cleared.
 __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float qscale, const float* kd, int valid,
-                                                    float b_lo, float b_hi, int t, uint32_t (&p)[16]) {
+                                                    float b_lo, float b_hi, bool clip, int t, uint32_t (&p)[16]) {
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     uint32_t h[4][2];
@@ -271,71 +349,82 @@ __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float 
       const int j = 4 * kb + q;  // 8-column chunk
       const float2 d = __ldg(reinterpret_cast<const float2*>(kd + 8 * j + 2 * t));
       const float a0 = qscale * d.x, a1 = qscale * d.y;
-      h[q][0] = expcast_pair2(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo);
-      h[q][1] = expcast_pair2(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi);
+      h[q][0] = clip ? expcast_pair2_clipped(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo)
+                     : expcast_pair2(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo);
+      h[q][1] = clip ? expcast_pair2_clipped(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi)
+                     : expcast_pair2(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi);
     }
     p[4 * kb + 0] = pack_codes(h[0][0], h[1][0]);
     p[4 * kb + 1] = pack_codes(h[0][1], h[1][1]);
     p[4 * kb + 2] = pack_codes(h[2][0], h[3][0]);
     p[4 * kb + 3] = pack_codes(h[2][1], h[3][1]);
   }
-  if (valid < Cfg::kBlockN) mask_codes(p, valid, t);
+  if (valid < Cfg::kBlockN) mask_codes(p, valid, valid, t);
 }
 
-template <int kVariant>
-__device__ __forceinline__ void store_output(const ConsumerState& st, const KernelParams& p, const TileCoord& c,
+// Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
+// lse -inf). Rows past the sequence are never stored.
+template <int kMode, bool kNoKeys = false>
+__device__ __forceinline__ void store_output(const ConsumerState& st, const KernelParams& p, const TileWork& w,
                                              int row_base, int g, int t) {
-  constexpr bool kVc = (kVariant & kVcMode) != 0;
+  constexpr bool kVc = has_mode<kMode>(kVcMode), kVarlen = has_mode<kMode>(kVarlenMode);
+  constexpr bool kEmptyRows = has_mode<kMode>(kCausalMode) || kNoKeys;  // rows that saw no key: l = 0
+  const TileCoord& c = w.c;
   // Every column of the extra chunk is the row sum, so each thread already holds l for its rows
   // (a shuffle of an accumulator register here serializes the wgmma pipeline in ptxas 13.0).
-  const float l_lo = st.o[64], l_hi = st.o[66];
+  const float l_lo = kNoKeys ? 0.0f : st.o[64], l_hi = kNoKeys ? 0.0f : st.o[66];
   // VC: per-channel descales, applied per column below (the V descale is then 1).
-  const float dv = kVc ? 1.0f : p.v_descale[c.b * p.heads + c.h];
+  const float dv = kVc || kNoKeys ? 1.0f : p.v_descale[c.b * p.heads + c.h];
   const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * Cfg::kHeadDim;
   // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
-  const float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
+  float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
+  if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
+  auto o_val = [&](int i) { return kNoKeys ? 0.0f : st.o[i]; };
   const int r_lo = c.qt * Cfg::kBlockM + row_base + g, r_hi = r_lo + 8;
-  __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h;
-  if (r_lo < p.seqlen_q) {
+  const int sq = w.sq;
+  __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
+  if (r_lo < sq) {
     __nv_bfloat16* row = base + r_lo * p.out_stride_s;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float2 w = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+      const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(st.o[4 * j + 0] * w.x * s_lo, st.o[4 * j + 1] * w.y * s_lo);
+          __floats2bfloat162_rn(o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
     }
   }
-  if (r_hi < p.seqlen_q) {
+  if (r_hi < sq) {
     __nv_bfloat16* row = base + r_hi * p.out_stride_s;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float2 w = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+      const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(st.o[4 * j + 2] * w.x * s_hi, st.o[4 * j + 3] * w.y * s_hi);
+          __floats2bfloat162_rn(o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
     }
   }
   if (p.lse != nullptr && t == 0) {
-    float* lse = p.lse + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
+    float* lse = kVarlen ? p.lse + c.b * p.lse_stride_s + c.h * p.lse_stride_h + w.q_out0
+                         : p.lse + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
     constexpr float kLn2 = 0.69314718055994531f;
-    if (r_lo < p.seqlen_q) lse[r_lo] = kLn2 * (st.mo_lo * kMaxToLog2) + __logf(l_lo * (1.0f / 256.0f));
-    if (r_hi < p.seqlen_q) lse[r_hi] = kLn2 * (st.mo_hi * kMaxToLog2) + __logf(l_hi * (1.0f / 256.0f));
+    // A row that saw no key: mo = -inf and l = 0 give -inf (no NaN: both terms are -inf).
+    if (r_lo < sq) lse[r_lo] = kNoKeys ? -INFINITY : kLn2 * (st.mo_lo * kMaxToLog2) + __logf(l_lo * (1.0f / 256.0f));
+    if (r_hi < sq) lse[r_hi] = kNoKeys ? -INFINITY : kLn2 * (st.mo_hi * kMaxToLog2) + __logf(l_hi * (1.0f / 256.0f));
   }
 }
 
 // Tile max of S (already waited for) in scaled code units.
-template <int kVariant, bool kMaybePartial = true>
-__device__ __forceinline__ void tile_max(const float (&s)[64], float a, int valid, int t, bool first, float& lo,
-                                         float& hi) {
-  if ((kVariant & kSkipMax) && !first) {
+template <int kProbe, bool kMaybePartial = true>
+__device__ __forceinline__ void tile_max(const float (&s)[64], float a, const BlockMask& mask, int t, bool first,
+                                         float& lo, float& hi) {
+  if ((kProbe & kSkipMax) && !first) {
     lo = hi = -INFINITY;
     return;
   }
-  constexpr bool kBits = (kVariant & kFloatMax) == 0;
-  if (kMaybePartial && valid < Cfg::kBlockN) row_max<true, kBits>(s, valid, t, lo, hi);
-  else row_max<false, kBits>(s, valid, t, lo, hi);
-  if (kVariant & kDoubleMax) {
+  constexpr bool kBits = (kProbe & kFloatMax) == 0;
+  if (kMaybePartial && mask.on) row_max<true, kBits>(s, mask.lo, mask.hi, t, lo, hi);
+  else row_max<false, kBits>(s, mask.lo, mask.hi, t, lo, hi);
+  if (kProbe & kDoubleMax) {
     float lo2, hi2;
-    row_max<false, kBits>(s, valid, t, lo2, hi2);
+    row_max<false, kBits>(s, mask.lo, mask.hi, t, lo2, hi2);
     lo = fmaxf(lo, lo2 * 0.5f);
     hi = fmaxf(hi, hi2 * 0.5f);
   }
@@ -344,18 +433,20 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], float a, int vali
 }
 
 // Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
-template <int kVariant, bool kMaybePartial = true>
-__device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, int valid, int t,
-                                             bool first) {
-  if ((kVariant & kSkipConvert) && !first) return;
-  convert_tile(s, a, expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.p);
-  if (kVariant & kDoubleConvert) {
+template <int kProbe, bool kMaybePartial = true>
+__device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, const BlockMask& mask,
+                                             int t, bool first) {
+  if ((kProbe & kSkipConvert) && !first) return;
+  const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
+  if (st.huge) convert_tile<true>(s, a, b_lo, b_hi, st.p);
+  else convert_tile<false>(s, a, b_lo, b_hi, st.p);
+  if (kProbe & kDoubleConvert) {
     uint32_t p2[16];
-    convert_tile(s, a * 0.5f, expcast_addend(st.m_lo), expcast_addend(st.m_hi), p2);
+    convert_tile<false>(s, a * 0.5f, b_lo, b_hi, p2);
 #pragma unroll
     for (int i = 0; i < 16; ++i) st.p[i] ^= p2[i] & 0x01010101u;
   }
-  if (kMaybePartial && valid < Cfg::kBlockN) mask_codes(st.p, valid, t);
+  if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
 }
 
 // kGroup consecutive full blocks through the consumer's step (kernel.cuh, consumer_loop): none may be
@@ -371,54 +462,88 @@ __device__ __forceinline__ void step_group(Step& step, int i) {
   step_group_impl<kGroup, kNeverFlush>(step, i, std::make_index_sequence<kGroup>{});
 }
 
-template <int kVariant>
-__device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelParams& p, int wg) {
-  constexpr bool kRepair = (kVariant & kWithRepair) != 0;
+// Ping-pong probe: warpgroup wg issues its tensor-core work after the other one has issued its own.
+// Measured 1-3% slower than letting both issue freely once the row max was cheap, so it is a probe.
+template <bool kOn>
+struct IssueOrder {
+  int mine, other;
+  static constexpr int kPair = 2 * 128;
+  __device__ __forceinline__ explicit IssueOrder(int wg) : mine(1 + wg), other(2 - wg) {
+    if (kOn && wg == 1) named_barrier_arrive(1, kPair);  // the first consumer goes first
+  }
+  __device__ __forceinline__ void before() const {
+    if (kOn) named_barrier_sync(mine, kPair);
+  }
+  __device__ __forceinline__ void after() const {
+    if (kOn) named_barrier_arrive(other, kPair);
+  }
+};
+
+template <int kMode, int kProbe>
+__device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const KernelParams& p, int wg) {
+  constexpr bool kRepair = has_mode<kMode>(kRepairMode);
+  constexpr bool kVc = has_mode<kMode>(kVcMode);
+  constexpr bool kCausal = has_mode<kMode>(kCausalMode);
+  constexpr bool kTiles = kCausal || has_mode<kMode>(kVarlenMode);  // tiles may be empty or key-less
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
   const int row_base = 64 * wg + 16 * warp_in_wg;
-  // Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own.
-  // Measured 1-3% slower than letting both issue freely once the row max was cheap, so it is a variant.
-  const int my_bar = 1 + wg, other_bar = 2 - wg;
-  constexpr int kPair = 2 * 128;
-  constexpr bool kOrdered = (kVariant & kPingPong) != 0;
-  if (wg == 1 && kOrdered) named_barrier_arrive(1, kPair);  // the first consumer goes first
+  const IssueOrder<(kProbe & kPingPong) != 0> issue_order(wg);
 
   const uint64_t desc_q = sw128_kmajor_desc(sh.q + 64 * wg * Cfg::kHeadDim);
   RingState ring;
   int iter = 0;
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x, ++iter) {
-    const TileCoord c = decode_tile(tile, p);
-    const KeyOrder order = tile_key_order(c, p);
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    const TileWork w = tile_work<kMode>(tile, p);
+    const TileCoord& c = w.c;
+    const int n = w.n;
+    if (kTiles && n <= 0) {
+      if (n == 0) store_output<kMode, true>(ConsumerState{}, p, w, row_base, g, t);
+      continue;
+    }
+    const KeyOrder& order = w.order;
     const float qscale = p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
     const float* kd = p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
+    // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
+    // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
+    int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
+    if constexpr (kCausal) {
+      const int shift = w.sk - w.sq + 1, r_lo = c.qt * Cfg::kBlockM + row_base + g;
+      vis_lo = min(r_lo + shift, w.sk), vis_hi = min(r_lo + 8 + shift, w.sk);
+      vis_first = min(c.qt * Cfg::kBlockM + shift, w.sk);
+    }
+    auto mask_of = [&](int blk) {
+      const int k0 = blk * Cfg::kBlockN;
+      return BlockMask{vis_lo - k0, vis_hi - k0, vis_first - k0 < Cfg::kBlockN};
+    };
     ConsumerState st;
 #pragma unroll
     for (int i = 0; i < 68; ++i) st.o[i] = 0.0f;
     st.m_lo = st.m_hi = st.mo_lo = st.mo_hi = -INFINITY;
+    st.huge = false;
     float s[64];
     TxBarrier::wait(&sh.q_full, iter & 1);
+    ++iter;
 
-    const int n = p.num_k_blocks;
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
     // around the asynchronous tensor-core work).
     int blk = order(0);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-    if (kOrdered) named_barrier_sync(my_bar, kPair);
+    issue_order.before();
     issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
-    if (kOrdered) named_barrier_arrive(other_bar, kPair);
+    issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
     if (n == 1 && !kRepair) release(&sh.q_empty);
     {
       const float a = qscale * kd[blk];
-      const int valid = p.seqlen_k - blk * Cfg::kBlockN;
+      const BlockMask mask = mask_of(blk);
       float t_lo, t_hi;
-      tile_max<kVariant>(s, a, valid, t, true, t_lo, t_hi);
-      update_max(st, t_lo, t_hi, false);
-      convert_step<kVariant>(st, s, a, valid, t, true);
+      tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
+      update_max<kCausal>(st, t_lo, t_hi, false);
+      convert_step<kProbe>(st, s, a, mask, t, true);
     }
     RingState prev = ring;
     ring.advance();
@@ -431,11 +556,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     // then the wait for QK^T (PV keeps running). Shared by the original and the repair blocks.
     auto issue_block = [&](bool last) {
       TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
-      if (kOrdered) named_barrier_sync(my_bar, kPair);
+      issue_order.before();
       issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
       issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-      if (kOrdered) named_barrier_arrive(other_bar, kPair);
+      issue_order.after();
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
@@ -443,42 +568,53 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
     };
     // One key block of the steady state, specialized so that the common block carries no test for
     // the partial block or the flush period: kMaybePartial (a bool_constant) is false for blocks that
-    // cannot be the partial last one, which is only ever visited first (the peeled step above) or last
-    // (numerics section 5); kFlush is 0 (never), 1 (always) or 2 (decided from i). Branches split the
-    // code ptxas schedules: the general step for every block measured 7% slower (kGeneralLoop).
+    // need no mask — in natural or mid-window order the partial last block is only ever visited
+    // first (the peeled step above) or last (numerics section 5); causal visits its (at most two)
+    // masked blocks first — and kFlush is 0 (never), 1 (always) or 2 (decided from i). Branches split
+    // the code ptxas schedules: the general step for every block measured 7% slower (kGeneralLoop).
     auto step = [&](int i, auto maybe_partial, auto flush_kind) {
       constexpr bool kMaybePartial = decltype(maybe_partial)::value;
       constexpr int kFlush = decltype(flush_kind)::value;
+      // Causal full steps run to the last block, so they test for it (and for the prefetch bound).
+      constexpr bool kMaybeLast = kMaybePartial || kCausal;
       blk = order(i);
       const float kd_blk = kd_next;
-      if (!kMaybePartial || i + 1 < n) kd_next = __ldg(kd + order(i + 1));
-      issue_block(kMaybePartial && i == n - 1 && !kRepair);
+      if (!kMaybeLast || i + 1 < n) kd_next = __ldg(kd + order(i + 1));
+      issue_block(kMaybeLast && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
       const float a = qscale * kd_blk;
-      const int valid = kMaybePartial ? p.seqlen_k - blk * Cfg::kBlockN : Cfg::kBlockN;
+      const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{Cfg::kBlockN, Cfg::kBlockN, false};
       float t_lo, t_hi;
-      tile_max<kVariant, kMaybePartial>(s, a, valid, t, false, t_lo, t_hi);
+      tile_max<kProbe, kMaybePartial>(s, a, mask, t, false, t_lo, t_hi);
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);
-      if constexpr (!(kVariant & kVcMode)) release(&sh.v_empty[prev.stage]);
+      if constexpr (!kVc) release(&sh.v_empty[prev.stage]);
       // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
       // next PV's zero-init flag is a warpgroup-wide operand).
-      const bool flush = kFlush == 2 ? !(kVariant & kSkipAccumulate) && (i % flush_tiles<kVariant>() == 0) : kFlush == 1;
-      if (flush) flush_partial<kVariant>(st, sh, prev.stage, t);
-      if constexpr ((kVariant & kVcMode) != 0) release(&sh.v_empty[prev.stage]);  // after the mean is read
+      const bool flush =
+          kFlush == 2 ? !(kProbe & kSkipAccumulate) && (i % flush_tiles<kVc, kProbe>() == 0) : kFlush == 1;
+      if (flush) flush_partial<kMode>(st, sh, prev.stage, t);
+      if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
-      update_max(st, t_lo, t_hi, !flush);
-      convert_step<kVariant, kMaybePartial>(st, s, a, valid, t, false);
+      update_max<kCausal>(st, t_lo, t_hi, !flush);
+      convert_step<kProbe, kMaybePartial>(st, s, a, mask, t, false);
       prev = ring;
       ring.advance();
     };
     int i = 1;
-    // Blocks 1 .. n-2 in groups of the flush period (a flush after the tile whose index is a multiple
-    // of it, i.e. the group's last), then the remaining ones and the last block with the general step.
-    if constexpr ((kVariant & kGeneralLoop) == 0) {
-      constexpr bool kNeverFlush = (kVariant & kSkipAccumulate) != 0;
-      constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kVariant>();
-      for (; i + kGroup - 1 <= n - 2; i += kGroup) step_group<kGroup, kNeverFlush>(step, i);
+    // Causal: the second block may be masked too (the diagonal spans two key blocks when Sk - Sq is
+    // not a multiple of 128); every later one is full, the last included.
+    if constexpr (kCausal) {
+      if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
+      i = 2;
+    }
+    // Blocks 1 .. n-2 (causal: 2 .. n-1) in groups of the flush period (a flush after the group's
+    // last), then the remaining ones with the general step.
+    if constexpr ((kProbe & kGeneralLoop) == 0) {
+      constexpr bool kNeverFlush = (kProbe & kSkipAccumulate) != 0;
+      constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kVc, kProbe>();
+      const int last_full = kCausal ? n - 1 : n - 2;
+      for (; i + kGroup - 1 <= last_full; i += kGroup) step_group<kGroup, kNeverFlush>(step, i);
     }
     for (; i < n; ++i) step(i, std::true_type{}, std::integral_constant<int, 2>{});
     // Repair tiles (numerics section 6): the same pipeline, no max update (a repair key repeats an
@@ -494,32 +630,32 @@ __device__ __forceinline__ void consumer_loop(SharedStorage& sh, const KernelPar
       else accumulate_numerator(st);
       pv_fresh = true;
       convert_repair_tile(s, qscale, kd_rep + r * Cfg::kBlockN, p.repair_rows - r * Cfg::kBlockN,
-                          expcast_addend(st.m_lo), expcast_addend(st.m_hi), t, st.p);
+                          expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.huge, t, st.p);
       prev = ring;
       ring.advance();
     }
     // The last tile's PV.
     TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-    if (kOrdered) named_barrier_sync(my_bar, kPair);
+    issue_order.before();
     issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
-    if (kOrdered) named_barrier_arrive(other_bar, kPair);
+    issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(st.pv);
-    if constexpr (!(kVariant & kVcMode)) release(&sh.v_empty[prev.stage]);
+    if constexpr (!kVc) release(&sh.v_empty[prev.stage]);
     if constexpr (kRepair) accumulate_numerator(st);
-    else flush_partial<kVariant>(st, sh, prev.stage, t);
-    if constexpr ((kVariant & kVcMode) != 0) release(&sh.v_empty[prev.stage]);
-    store_output<kVariant>(st, p, c, row_base, g, t);
+    else flush_partial<kMode>(st, sh, prev.stage, t);
+    if constexpr (kVc) release(&sh.v_empty[prev.stage]);
+    store_output<kMode>(st, p, w, row_base, g, t);
   }
 }
 
-template <int kVariant>
+template <int kMode, int kProbe>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     expcast_attention_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_krep,
                              const __grid_constant__ CUtensorMap tm_vrep, const __grid_constant__ KernelParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  SharedStorage& sh = *reinterpret_cast<SharedStorage*>(
+  SharedStorage<kMode>& sh = *reinterpret_cast<SharedStorage<kMode>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warpgroup = threadIdx.x / 128;
 
@@ -546,12 +682,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) producer_loop<kVariant>(sh, p, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
+    if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     // A warp-uniform warpgroup index (broadcast from lane 0) lets the compiler keep the Q descriptor
     // and the barrier ids in uniform registers instead of recomputing them every tile.
-    consumer_loop<kVariant>(sh, p, __shfl_sync(0xffffffffu, warpgroup - 1, 0));
+    consumer_loop<kMode, kProbe>(sh, p, __shfl_sync(0xffffffffu, warpgroup - 1, 0));
   }
 }
 

@@ -1,10 +1,276 @@
-// Public entry point of the sm_90a fast path: the production kernel variant.
-#include "attention/sm90/launch.cuh"
+// Public entry point of the sm_90a fast path and its launch plan: validation (the argument rules of
+// attention.h, host values only: offsets and key counts are device data, read by the kernel alone),
+// TMA descriptors, the persistent grid and the mode the call needs.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "attention/sm90/config.h"
+#include "attention/sm90/expcast.cuh"
+#include "attention/sm90/launch.h"
+#include "common/cuda_check.h"
+
+namespace openvc::sm90 {
+namespace {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver entry point is looked up through the runtime so the library needs no libcuda at link
+// time (CI machines have no driver).
+Status get_encode_fn(EncodeTiledFn* fn) {
+  static EncodeTiledFn cached = nullptr;
+  if (cached == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult qres;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &qres);
+    if (err != cudaSuccess || qres != cudaDriverEntryPointSuccess || ptr == nullptr)
+      return Status::Cuda("cuTensorMapEncodeTiled is not available from the CUDA driver");
+    cached = reinterpret_cast<EncodeTiledFn>(ptr);
+  }
+  *fn = cached;
+  return Status::Ok();
+}
+
+// FP8 tile map with 128-byte swizzle; dims innermost first, strides in bytes for dims 1.. .
+template <int Rank>
+Status make_fp8_map(CUtensorMap* map, const void* base, const cuuint64_t (&dims)[Rank],
+                    const cuuint64_t (&strides)[Rank - 1], const cuuint32_t (&box)[Rank], const char* what) {
+  EncodeTiledFn encode;
+  OPENVC_RETURN_IF_ERROR(get_encode_fn(&encode));
+  cuuint32_t elem_strides[Rank];
+  for (int i = 0; i < Rank; ++i) elem_strides[i] = 1;
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, Rank, const_cast<void*>(base), dims, strides, box,
+                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Invalid(std::string(what) + ": cannot build a TMA descriptor (CUresult " + std::to_string(int(r)) +
+                           "); the pointer must be 16-byte aligned");
+  return Status::Ok();
+}
+
+bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+std::string str(int64_t x) { return std::to_string(x); }
+
+// Sequence count and (maximum) lengths of the call's form (attention.h).
+struct Shape {
+  bool packed;
+  int seqs, sq, sk;
+};
+Shape shape_of(const AttentionParams& p) {
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr)
+    return {true, p.num_seqs, p.max_seqlen_q, p.max_seqlen_k};
+  return {false, p.in.batch, p.in.seqlen_q, p.in.seqlen_k};
+}
+
+Status validate_form(const AttentionParams& p, bool vc) {
+  const Fp8Inputs& in = p.in;
+  const Shape sh = shape_of(p);
+  if (sh.packed) {
+    if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)
+      return Status::Invalid(std::string("cu_seqlens_q, cu_seqlens_k: packed sequences need both offset arrays, got "
+                                         "only ") + (p.cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k"));
+    if (!aligned(p.cu_seqlens_q, 4) || !aligned(p.cu_seqlens_k, 4))
+      return Status::Invalid("cu_seqlens_q, cu_seqlens_k: int32 arrays must be 4-byte aligned");
+    if (p.num_seqs <= 0 || p.max_seqlen_q <= 0 || p.max_seqlen_k <= 0)
+      return Status::Invalid("num_seqs, max_seqlen_q, max_seqlen_k: must be > 0 with cu_seqlens, got " +
+                             str(p.num_seqs) + ", " + str(p.max_seqlen_q) + ", " + str(p.max_seqlen_k));
+    if (p.total_q < 0 || p.total_k < 0)
+      return Status::Invalid("total_q, total_k: the token rows of q_codes and k_codes are needed with cu_seqlens "
+                             "(offsets are clamped to them), got " + str(p.total_q) + ", " + str(p.total_k));
+    if (p.total_q > INT32_MAX - 2 * KernelConfig::kBlockM || p.total_k > INT32_MAX - 2 * KernelConfig::kBlockN)
+      return Status::Unsupported("total_q, total_k: must stay below 2^31 - 256 token rows (TMA coordinates)");
+  } else {
+    if (p.num_seqs != 0 || p.max_seqlen_q != 0 || p.max_seqlen_k != 0)
+      return Status::Invalid("num_seqs, max_seqlen_q, max_seqlen_k: only used with cu_seqlens; must stay 0 for "
+                             "batched inputs, got " + str(p.num_seqs) + ", " + str(p.max_seqlen_q) + ", " +
+                             str(p.max_seqlen_k));
+    if (in.batch <= 0 || in.seqlen_q <= 0 || in.seqlen_k <= 0)
+      return Status::Invalid("in: batch, seqlen_q and seqlen_k must be > 0, got " + str(in.batch) + ", " +
+                             str(in.seqlen_q) + ", " + str(in.seqlen_k));
+    if (int64_t(in.batch) * in.seqlen_q > INT32_MAX - KernelConfig::kBlockM ||
+        int64_t(in.batch) * in.seqlen_k > INT32_MAX - KernelConfig::kBlockN)
+      return Status::Unsupported("in: batch * seqlen_q and batch * seqlen_k must stay below 2^31 - 128 token rows");
+  }
+  if (p.seqused_k != nullptr && !aligned(p.seqused_k, 4))
+    return Status::Invalid("seqused_k: an int32 array must be 4-byte aligned");
+  if (in.heads <= 0) return Status::Invalid("in.heads must be > 0, got " + str(in.heads));
+  const bool varlen = sh.packed || p.seqused_k != nullptr;
+  if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
+                               " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
+  return Status::Ok();
+}
+
+Status validate(const AttentionParams& p, bool vc) {
+  const Fp8Inputs& in = p.in;
+  OPENVC_RETURN_IF_ERROR(validate_form(p, vc));
+  if (in.head_dim != KernelConfig::kHeadDim)
+    return Status::Invalid("in.head_dim: the sm_90a kernel takes 128, got " + str(in.head_dim));
+  const struct { const void* ptr; const char* name; } ptrs[] = {
+      {in.q_codes, "in.q_codes"}, {in.k_codes, "in.k_codes"}, {in.v_packed, "in.v_packed"},
+      {in.q_descale, "in.q_descale"}, {in.k_descale, "in.k_descale"}, {in.v_descale, "in.v_descale"},
+      {p.out, "out"}};
+  for (const auto& x : ptrs)
+    if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null");
+  for (const auto& x : ptrs)
+    if (x.ptr != p.out && !aligned(x.ptr, 16)) return Status::Invalid(std::string(x.name) + " must be 16-byte aligned");
+  if (!aligned(p.out, 4) || p.out_stride_seq % 2 != 0 || p.out_stride_head % 2 != 0 || p.out_stride_batch % 2 != 0)
+    return Status::Invalid("out: BF16 rows are stored as pairs; pointer must be 4-byte aligned and strides even");
+  if (p.lse != nullptr && !aligned(p.lse, 4)) return Status::Invalid("lse must be 4-byte aligned (FP32)");
+  // Rows of the output must not overlap: a zero (default) stride would make every row write the same
+  // memory. The stride of a dimension of size 1 is never used.
+  const Shape sh = shape_of(p);
+  if ((in.heads > 1 && p.out_stride_head < in.head_dim) || ((sh.packed || sh.sq > 1) && p.out_stride_seq < in.head_dim) ||
+      (!sh.packed && in.batch > 1 && p.out_stride_batch < in.head_dim))
+    return Status::Invalid("out strides (batch " + str(p.out_stride_batch) + ", seq " + str(p.out_stride_seq) +
+                           ", head " + str(p.out_stride_head) + "): each must be at least head_dim (" +
+                           str(in.head_dim) + ") where that dimension is larger than 1" +
+                           (sh.packed ? " (seq always, packed)" : ""));
+  if (!std::isfinite(p.softmax_scale))
+    return Status::Invalid("softmax_scale must be finite, got " + std::to_string(p.softmax_scale));
+  const RepairInputs& r = p.repair;
+  if (r.rows < 0) return Status::Invalid("repair.rows must be >= 0, got " + str(r.rows));
+  if (r.rows > 0) {
+    const struct { const void* ptr; const char* name; } rptrs[] = {
+        {r.k_codes, "repair.k_codes"}, {r.k_descale, "repair.k_descale"}, {r.v_packed, "repair.v_packed"}};
+    for (const auto& x : rptrs) {
+      if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null when repair.rows > 0");
+      if (!aligned(x.ptr, 16)) return Status::Invalid(std::string(x.name) + " must be 16-byte aligned");
+    }
+    if (r.rows > in.seqlen_k)
+      return Status::Invalid("repair.rows (" + str(r.rows) + ") must not exceed seqlen_k (" + str(in.seqlen_k) + ")");
+  }
+  if (p.mid_window_blocks < kNaturalOrder)
+    return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, LaunchPlan* plan) {
+  OPENVC_RETURN_IF_ERROR(validate(params, vc != nullptr));
+  if (vc != nullptr && (vc->channel_descale == nullptr || vc->mean_scaled == nullptr))
+    return Status::Invalid("VC mode needs v_channel_descale and block_mean_scaled");
+  const Fp8Inputs& in = params.in;
+  int device = 0;
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  if (!device_supports_sm90a(device))
+    return Status::Unsupported("attention_fp8: the FP8 ExpCast kernel needs an sm_90 (Hopper) GPU");
+
+  const Shape sh = shape_of(params);
+  const bool varlen = sh.packed || params.seqused_k != nullptr;
+  const int64_t d = KernelConfig::kHeadDim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
+  const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * KernelConfig::kBlockN;
+  // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
+  // varlen mode index them flat; a zero-row map cannot be built, and nothing reads it then).
+  const int64_t rows_q = sh.packed ? params.total_q : seqs * sq, rows_k = sh.packed ? params.total_k : seqs * sk;
+  LaunchPlan& pl = *plan;
+  pl = LaunchPlan{};
+  if (varlen) {
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
+                                           {cuuint64_t(h * d), cuuint64_t(d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockM, 1}, "in.q_codes"));
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
+                                           {cuuint64_t(h * d), cuuint64_t(d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1}, "in.k_codes"));
+  } else {
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
+                                           {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockM, 1, 1}, "in.q_codes"));
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(h), cuuint64_t(seqs)},
+                                           {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sk * h * d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1, 1}, "in.k_codes"));
+  }
+  OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_v, in.v_packed, {cuuint64_t(sk_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
+                                         {cuuint64_t(sk_pad), cuuint64_t(d * sk_pad)},
+                                         {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "in.v_packed"));
+
+  // Repair maps over [B, H, R, D] key copies and [B*H, D, R] residual V; without repair the plain
+  // maps stand in (never read).
+  pl.tm_krep = pl.tm_k;
+  pl.tm_vrep = pl.tm_v;
+  const RepairInputs& rep = params.repair;
+  const int64_t r_pad = repair_padded_rows(rep.rows);
+  if (rep.rows > 0) {
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_krep, rep.k_codes, {cuuint64_t(d), cuuint64_t(r_pad), cuuint64_t(h), cuuint64_t(seqs)},
+                                           {cuuint64_t(d), cuuint64_t(r_pad * d), cuuint64_t(h * r_pad * d)},
+                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1, 1}, "repair.k_codes"));
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_vrep, rep.v_packed, {cuuint64_t(r_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
+                                           {cuuint64_t(r_pad), cuuint64_t(d * r_pad)},
+                                           {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "repair.v_packed"));
+  }
+
+  KernelParams& kp = pl.kp;
+  kp.repair_rows = rep.rows;
+  kp.repair_tiles = static_cast<int>(r_pad / KernelConfig::kBlockN);
+  kp.repair_k_descale = rep.k_descale;
+  kp.vc_channel_descale = vc ? vc->channel_descale : nullptr;
+  kp.vc_mean_scaled = vc ? vc->mean_scaled : nullptr;
+  kp.batch = sh.seqs;
+  kp.heads = in.heads;
+  kp.seqlen_q = sh.sq;
+  kp.seqlen_k = sh.sk;
+  kp.num_q_tiles = static_cast<int>(nq);
+  kp.num_k_blocks = static_cast<int>(nk);
+  const int64_t tiles = nq * h * seqs;
+  if (tiles > INT32_MAX) return Status::Invalid("in: sequences * heads * ceil(seqlen_q/128) exceeds 2^31");
+  kp.num_tiles = static_cast<int>(tiles);
+  if (nq * sk_pad >= (int64_t(1) << 32))
+    return Status::Unsupported("in: ceil(seqlen_q/128) * seqlen_k must be < 2^32 for the sm_90a kernel");
+  if (seqs * h * nk > INT32_MAX || seqs * h * nq > INT32_MAX)
+    return Status::Unsupported("in: sequences * heads * key or query blocks must be < 2^31 (descale indices)");
+  kp.mid_window_blocks = params.mid_window_blocks;
+  kp.q_descale = in.q_descale;
+  kp.k_descale = in.k_descale;
+  kp.v_descale = in.v_descale;
+  kp.out = static_cast<__nv_bfloat16*>(params.out);
+  kp.out_stride_b = sh.packed ? 0 : params.out_stride_batch;
+  kp.out_stride_s = params.out_stride_seq;
+  kp.out_stride_h = params.out_stride_head;
+  kp.lse = params.lse;
+  const float tau = params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(float(in.head_dim));
+  // ((8 log2e) * tau) * 2^-24, then * dq, * dk in the kernel: 2^-24 times the reference's multiplier.
+  kp.qk_multiplier = (kCodesPerLog2 * tau) * kDomainScale;
+  kp.cu_q = params.cu_seqlens_q;
+  kp.cu_k = params.cu_seqlens_k;
+  kp.seqused_k = params.seqused_k;
+  kp.total_q = static_cast<int>(sh.packed ? params.total_q : rows_q);
+  kp.total_k = static_cast<int>(sh.packed ? params.total_k : rows_k);
+  kp.lse_stride_s = sh.packed ? 0 : h * sq;   // LSE [H, total_q] packed, [B, H, Sq] batched
+  kp.lse_stride_h = sh.packed ? params.total_q : sq;
+
+  pl.mode = vc ? kVcMode
+           : rep.rows > 0 ? kRepairMode
+           : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode);
+  int sms = 0;
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  pl.grid = static_cast<int>(tiles < sms ? tiles : sms);
+  if (sh.packed && params.total_q == 0) pl.grid = 0;   // no query row at all
+  return Status::Ok();
+}
+
+Status launch_plan(const LaunchPlan& plan, cudaStream_t stream) {
+  switch (plan.mode) {
+    case kPlainMode: return launch_mode<kPlainMode>(plan, stream);
+    case kRepairMode: return launch_mode<kRepairMode>(plan, stream);
+    case kVcMode: return launch_mode<kVcMode>(plan, stream);
+    case kCausalMode: return launch_mode<kCausalMode>(plan, stream);
+    case kVarlenMode: return launch_mode<kVarlenMode>(plan, stream);
+    case kVarlenMode | kCausalMode: return launch_mode<kVarlenMode | kCausalMode>(plan, stream);
+    default: return Status::Unsupported("attention_fp8: no kernel for mode " + str(plan.mode));
+  }
+}
+
+}  // namespace openvc::sm90
 
 namespace openvc {
 
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream) {
-  return sm90::launch_expcast_attention<sm90::kProduction>(params, stream);
+  sm90::LaunchPlan plan;
+  OPENVC_RETURN_IF_ERROR(sm90::plan_attention(params, nullptr, &plan));
+  return sm90::launch_plan(plan, stream);
 }
 
 }  // namespace openvc

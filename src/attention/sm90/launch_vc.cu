@@ -1,7 +1,7 @@
 // Entry point of the VC-Attention baseline (numerics section 7) on the sm_90a kernel family: the same
 // kernel in VC mode (per-channel V descales, block means restored through each tile's row sum,
-// natural key order). Its own translation unit so the fast path's build stays one instantiation.
-#include "attention/sm90/launch.cuh"
+// natural key order). The kernel instantiation is instantiations/vc.cu.
+#include "attention/sm90/launch.h"
 #include "openvc/baselines.h"
 
 namespace openvc {
@@ -27,7 +27,9 @@ Status attention_vc_fp8(const VcAttentionParams& params, cudaStream_t stream) {
   sm90::VcModeInputs vc;
   vc.channel_descale = params.v_channel_descale;
   vc.mean_scaled = params.block_mean_scaled;
-  return sm90::launch_expcast_attention<sm90::kVcMode>(ap, stream, vc);
+  sm90::LaunchPlan plan;
+  OPENVC_RETURN_IF_ERROR(sm90::plan_attention(ap, &vc, &plan));
+  return sm90::launch_plan(plan, stream);
 }
 
 }  // namespace openvc

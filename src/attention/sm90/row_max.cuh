@@ -8,16 +8,19 @@
 namespace openvc::sm90 {
 
 // This thread's maxima of its rows g (lo) and g+8 (hi) over the raw accumulators; kMasked excludes
-// columns at or past `valid` keys (the partial last block).
+// columns at or past `valid_lo` / `valid_hi` keys for rows g / g+8 (the partial last block, or the
+// causal diagonal, where the two rows see different keys).
 template <bool kMasked>
-__device__ __forceinline__ void thread_row_max(const float (&s)[64], int valid, int t, float& lo, float& hi) {
+__device__ __forceinline__ void thread_row_max(const float (&s)[64], int valid_lo, int valid_hi, int t, float& lo,
+                                               float& hi) {
   lo = hi = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int col = 8 * j + 2 * t;
-    const bool v0 = !kMasked || col < valid, v1 = !kMasked || col + 1 < valid;
+    const bool v0 = !kMasked || col < valid_lo, v1 = !kMasked || col + 1 < valid_lo;
+    const bool w0 = !kMasked || col < valid_hi, w1 = !kMasked || col + 1 < valid_hi;
     lo = fmaxf(lo, fmaxf(v0 ? s[4 * j + 0] : -INFINITY, v1 ? s[4 * j + 1] : -INFINITY));
-    hi = fmaxf(hi, fmaxf(v0 ? s[4 * j + 2] : -INFINITY, v1 ? s[4 * j + 3] : -INFINITY));
+    hi = fmaxf(hi, fmaxf(w0 ? s[4 * j + 2] : -INFINITY, w1 ? s[4 * j + 3] : -INFINITY));
   }
 }
 
@@ -42,7 +45,7 @@ __device__ __forceinline__ void thread_row_max_bits(const float (&s)[64], int t,
   const int lo_i = max(lo_a, lo_b), hi_i = max(hi_a, hi_b);
   // Warp-uniform, so that the common path carries no reconvergence barrier (BSSY/BSYNC).
   if (__any_sync(0xffffffffu, (lo_i | hi_i) < 0)) {
-    thread_row_max<false>(s, KernelConfig::kBlockN, t, lo, hi);
+    thread_row_max<false>(s, KernelConfig::kBlockN, KernelConfig::kBlockN, t, lo, hi);
   } else {
     lo = __int_as_float(lo_i);
     hi = __int_as_float(hi_i);
@@ -52,9 +55,10 @@ __device__ __forceinline__ void thread_row_max_bits(const float (&s)[64], int t,
 // Row maxima of the raw accumulators over the 4 threads of a row (code units follow by multiplying
 // with the tile's positive multiplier).
 template <bool kMasked, bool kBits>
-__device__ __forceinline__ void row_max(const float (&s)[64], int valid, int t, float& lo, float& hi) {
+__device__ __forceinline__ void row_max(const float (&s)[64], int valid_lo, int valid_hi, int t, float& lo,
+                                        float& hi) {
   if constexpr (kBits && !kMasked) thread_row_max_bits(s, t, lo, hi);
-  else thread_row_max<kMasked>(s, valid, t, lo, hi);
+  else thread_row_max<kMasked>(s, valid_lo, valid_hi, t, lo, hi);
   lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
   hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
   lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 2));

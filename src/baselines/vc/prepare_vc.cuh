@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas) vc_vpack
   if (threadIdx.x < D) {
     const int ch = threadIdx.x;
     const float amax = __uint_as_float(a.amax[bh * D + ch]);
-    const float descale = amax > 0.0f ? prepare::descale_of(amax) : 1.0f;  // all-zero residual: codes 0
+    const float descale = amax > 0.0f && !prepare::tiny_group(amax) ? prepare::descale_of(amax) : 1.0f;  // all-zero (or tiny) residual: codes 0
     const int64_t m = (bh * a.nk + c.blk) * D + ch;
     const float mu = a.mean_scaled[m];
     s_mu[ch] = mu;

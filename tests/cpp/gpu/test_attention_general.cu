@@ -145,6 +145,7 @@ void run_case(const Case& c) {
   };
   if (c.packed) {
     p.cu_seqlens_q = dcu_q.ptr(), p.cu_seqlens_k = dcu_k.ptr();
+    p.total_q = total_q, p.total_k = total_k;
     p.num_seqs = nseq, p.max_seqlen_q = max_q, p.max_seqlen_k = max_k;
     p.lse_stride_head = total_q;
   } else {
@@ -333,6 +334,8 @@ TEST(GeneralAttention, RejectsBadArguments) {
   expect_invalid(p, "num_seqs: expected 1..65535");
   p.num_seqs = 2, p.max_seqlen_q = -1;
   expect_invalid(p, "max_seqlen_q, max_seqlen_k: expected >= 0");
+  p.max_seqlen_q = 10;   // total_q/total_k unset: offsets could not be clamped
+  expect_invalid(p, "total_q, total_k: the token rows");
   p = good, p.in.v_packed = nullptr;
   expect_invalid(p, "in.v_packed must not be null");
   p = good, p.in.k_descale = reinterpret_cast<const float*>(fake + 2);

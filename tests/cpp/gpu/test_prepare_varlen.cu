@@ -92,6 +92,8 @@ struct VarlenProblem {
     params.num_seqs = nseq;
     params.max_seqlen_q = max_q;
     params.max_seqlen_k = max_k;
+    params.total_q = cu_q.back();
+    params.total_k = cu_k.back();
     dev.bind(params);
   }
   bool allocated() const { return d_cu_q.p && d_cu_k.p && dev.allocated(); }
@@ -328,6 +330,7 @@ PrepareParams valid_packed_params() {
   p.cu_seqlens_k = static_cast<const int*>(fake(0x90100));
   p.num_seqs = 3;
   p.max_seqlen_q = p.max_seqlen_k = 1000;
+  p.total_q = p.total_k = 3000;
   p.q_codes = static_cast<uint8_t*>(fake(0x20000));
   p.k_codes = static_cast<uint8_t*>(fake(0x30000));
   p.v_packed = static_cast<uint8_t*>(fake(0x40000));
@@ -364,6 +367,9 @@ TEST(PrepareVarlenArgs, RejectsBadParameters) {
   p = valid_packed_params();
   p.max_seqlen_k = -5;
   expect_rejected(p, "max_seqlen_k");
+  p = valid_packed_params();
+  p.total_k = -1;  // unset: the offsets could not be clamped
+  expect_rejected(p, "total_q and total_k");
   p = valid_packed_params();
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2);  // sized for one sequence
   expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads)");

@@ -58,7 +58,13 @@ Row contract_row(const PreparedInputs& in, const AttentionOptions& opt, int s, i
   float m = -std::numeric_limits<float>::infinity();
   double l = 0;
   std::vector<double> A(D, 0.0);
-  for (int b : key_block_order(diagonal_block(r0, sq, sk, 128), n, opt.mid_window_blocks)) {
+  // Causal (numerics section 5): the blocks the tile's last row sees, from the diagonal down.
+  const int r_last = std::min(r0 + opt.query_tile, sq) - 1;
+  const int nv = opt.causal ? causal_visible_blocks(r_last, sq, sk, 128) : n;
+  if (nv == 0) return row;
+  const std::vector<int> order = opt.causal ? key_block_order(nv - 1, nv, opt.mid_window_blocks)
+                                            : key_block_order(diagonal_block(r0, sq, sk, 128), n, opt.mid_window_blocks);
+  for (int b : order) {
     const float a = expcast_multiplier(tau, dq, in.k.descale[g * in.k.max_blocks + b]);
     float t = -std::numeric_limits<float>::infinity();
     for (int j = b * 128; j < std::min(sk, b * 128 + 128); ++j)

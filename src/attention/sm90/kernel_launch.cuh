@@ -1,0 +1,26 @@
+// The launch of one kernel instantiation (mode, probe) for a plan. Included by the per-mode files under
+// instantiations/ (the library) and by the timing tool (probes).
+#pragma once
+#include "attention/sm90/kernel.cuh"
+#include "attention/sm90/launch.h"
+#include "common/cuda_check.h"
+
+namespace openvc::sm90 {
+
+template <int kMode, int kProbe>
+Status launch_kernel(const LaunchPlan& pl, cudaStream_t stream) {
+  if (pl.grid == 0) return Status::Ok();
+  const size_t smem = sizeof(SharedStorage<kMode>) + 1024;
+  auto kernel = expcast_attention_kernel<kMode, kProbe>;
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<pl.grid, KernelConfig::kThreads, smem, stream>>>(pl.tm_q, pl.tm_k, pl.tm_v, pl.tm_krep, pl.tm_vrep, pl.kp);
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return Status::Ok();
+}
+
+template <int kMode>
+Status launch_mode(const LaunchPlan& plan, cudaStream_t stream) {
+  return launch_kernel<kMode, kNoProbe>(plan, stream);
+}
+
+}  // namespace openvc::sm90

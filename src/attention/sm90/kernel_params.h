@@ -1,0 +1,36 @@
+// Parameters of the sm_90a ExpCast kernel, resolved on the host (launch.cu) and passed by value.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace openvc::sm90 {
+
+struct KernelParams {
+  int batch, heads, seqlen_q, seqlen_k;
+  int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
+  const float* q_descale;   // [B, H, num_q_tiles]
+  const float* k_descale;   // [B, H, num_k_blocks]
+  const float* v_descale;   // [B, H]
+  __nv_bfloat16* out;       // [B, Sq, H, D] with strides
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;               // optional [B, H, Sq]
+  float qk_multiplier;      // 2^-24 * 8 * log2e * softmax_scale (the scaled ExpCast domain)
+  // V residual repair (numerics section 6): repair_rows rows per (b, h) in repair_tiles key tiles,
+  // visited after every original block; 0 tiles = plain path.
+  int repair_rows, repair_tiles;
+  const float* repair_k_descale;  // [B, H, repair_tiles * 128], each row's own K block descale
+  // VC mode only (kVcMode): per-channel V descales [B, H, D] and block means / descale [B, H, nk, D].
+  const float* vc_channel_descale;
+  const float* vc_mean_scaled;
+  // kVarlenMode only (appended, so the other modes' parameter offsets stay as they were). Sequence s
+  // holds query rows [cu_q[s], cu_q[s+1]) of a [total_q, H, D] q_codes (null: batched, rows s*Sq ..),
+  // keys likewise; seqused_k[s] (optional) cuts its keys. Offsets are clamped to [0, total].
+  const int* cu_q;
+  const int* cu_k;
+  const int* seqused_k;
+  int total_q, total_k;
+  int64_t lse_stride_s, lse_stride_h;  // lse + s * lse_stride_s + h * lse_stride_h + output token
+};
+
+}  // namespace openvc::sm90

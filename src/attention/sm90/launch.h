@@ -1,0 +1,37 @@
+// Host side of the sm_90a ExpCast kernel: a launch plan (validated parameters, TMA descriptors,
+// persistent grid and the mode the call needs) and the launch of a plan on the caller's stream. No
+// allocation, no synchronization: graph-capturable. The kernel templates live in kernel_launch.cuh,
+// included only by the per-mode instantiation files (instantiations/) and the timing tool.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "attention/sm90/kernel_params.h"
+#include "attention/sm90/mode.h"
+#include "openvc/attention.h"
+
+namespace openvc::sm90 {
+
+// Extra inputs of the VC mode, already validated by the caller.
+struct VcModeInputs {
+  const float* channel_descale = nullptr;  // [B, H, D]
+  const float* mean_scaled = nullptr;      // [B, H, nk, D]
+};
+
+struct LaunchPlan {
+  CUtensorMap tm_q, tm_k, tm_v, tm_krep, tm_vrep;
+  KernelParams kp;
+  int grid = 0;   // 0: nothing to launch (no query row)
+  int mode = kPlainMode;
+};
+
+// Validates `params` (every rule of attention.h), picks the mode and builds the plan. vc != nullptr
+// selects the VC mode.
+Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, LaunchPlan* plan);
+
+// The production kernel of each mode (instantiations/*.cu) and the dispatch over plan.mode.
+template <int kMode>
+Status launch_mode(const LaunchPlan& plan, cudaStream_t stream);
+Status launch_plan(const LaunchPlan& plan, cudaStream_t stream);
+
+}  // namespace openvc::sm90

@@ -1,0 +1,32 @@
+// Timing probes of the sm_90a kernel: one stage removed, doubled or done the earlier way, for the cost
+// breakdown in docs/performance.md (bench/cpp/bench_attention.cu, built with OPENVC_BENCH_VARIANTS).
+// Never built into the library. The skip/double probes compute wrong results on purpose; the others
+// (marked) compute the production result. Probes apply to the plain mode only.
+#pragma once
+
+#include "attention/sm90/config.h"
+
+namespace openvc::sm90 {
+
+enum Probe : int {
+  kNoProbe = 0,
+  kSkipMax = 1,         // no row max (the running max stays at the first tile's)
+  kSkipConvert = 2,     // no ExpCast conversion (P keeps the first tile's codes)
+  kSkipAccumulate = 4,  // no FP32 accumulation of PV (the tensor-core accumulator only)
+  kDoubleConvert = 8,   // ExpCast conversion twice
+  kDoubleMax = 16,      // row max twice
+  kFlushEvery1 = 32,    // FP32 accumulation after every tile instead of kFlushTiles
+  kFlushEvery4 = 64,    // ... after every 4 tiles (less FP32 work, more tensor-core accumulation)
+  kPingPong = 128,      // consumers take turns issuing tensor-core work (named barriers; correct result)
+  kFloatMax = 2048,     // row max with FMNMX instead of the integer three-input max (correct result)
+  kGeneralLoop = 4096,  // every key block through the general step (branches for the partial block
+                        // and the flush period in every iteration; correct result)
+};
+
+// Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
+template <bool kFlushEveryTile, int kProbe>
+inline constexpr int flush_tiles() {
+  return (kFlushEveryTile || (kProbe & kFlushEvery1)) ? 1 : (kProbe & kFlushEvery4) ? 4 : KernelConfig::kFlushTiles;
+}
+
+}  // namespace openvc::sm90
