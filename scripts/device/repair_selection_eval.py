@@ -77,11 +77,11 @@ def time_ms(fn, iters=10, warmup=2):
 
 def costs(q, k, v, prepared, budget, iters):
     """Median ms of the repair preparation (energy op; whole attention-aware selection) and attention."""
-    ops = repair._ops()
+    from open_vc_attn import ops
     fp8 = (prepared.k_codes, prepared.k_descale, prepared.v_packed, prepared.v_descale)
     pr = repair.prepare_v_repair(q, k, v, budget, prepared=prepared)
     res = dict(rows=pr.rows,
-               prep_energy_ms=time_ms(lambda: ops.prepare_v_repair(v, *fp8, budget), iters),
+               prep_energy_ms=time_ms(lambda: ops.prepare_v_repair_op(v, *fp8, budget), iters),
                prep_attention_ms=time_ms(lambda: repair.prepare_v_repair(q, k, v, budget, "attention",
                                                                          prepared=prepared), max(2, iters // 3)),
                attention_ms=time_ms(lambda: open_vc_attn.attention_fp8(prepared), max(2, iters // 3)),
