@@ -12,30 +12,13 @@ import numpy as np
 import pytest
 
 import open_vc_attn
-from open_vc_attn import _ext, reference as ref, video_inputs
+from open_vc_attn import _ext, reference as ref
+from helpers import cpu_qkv, to_cuda, video_qkv
 
 PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # openvc::kPackedKeyOrder
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
 # ---- helpers ----------------------------------------------------------------------------------------
-
-def video_qkv(b, s, h, dtype="bfloat16", seed=0, d=128):
-    """Synthetic video-like numpy q, k, v [B, S, H, D] (float32 holding bf16 values, or float16)."""
-    small = s < 16   # too few tokens for sink keys and V outliers
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=d, seed=seed, dtype=dtype, num_sink_tokens=0 if small else 4,
-                              v_outlier_fraction=0.0 if small else 0.001)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays, dtype="bfloat16"):
-    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdt) for x in arrays)   # exact
 
 
 def cuda_qkv(torch, b, s, h, dtype="bfloat16", seed=0, d=128):
@@ -101,12 +84,6 @@ def test_extension_maps_cpp_status_to_value_error():
 
 
 # ---- argument validation without a GPU (CPU / meta tensors) --------------------------------------------
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128), dtype=None, **over):
-    dtype = dtype or torch.bfloat16
-    t = {n: torch.zeros(shape, dtype=dtype) for n in "qkv"}
-    t.update(over)
-    return t["q"], t["k"], t["v"]
 
 
 @pytest.mark.parametrize("fn", ["attention", "prepare_fp8"])

@@ -14,11 +14,7 @@ import pytest
 
 import open_vc_attn
 from open_vc_attn import _ext, reference as ref, video_inputs
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
+from helpers import cpu_qkv
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -96,9 +92,6 @@ def expect_lse_close_to_exact(lse, want_lse, exact_lse):
 
 
 # ---- argument checks without a GPU (CPU / meta tensors) -------------------------------------------------
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128)):
-    return tuple(torch.zeros(shape, dtype=torch.bfloat16) for _ in range(3))
 
 
 @pytest.mark.parametrize("kwargs,exc,msg", [

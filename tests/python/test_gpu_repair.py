@@ -13,25 +13,11 @@ import numpy as np
 import pytest
 
 import open_vc_attn
-from open_vc_attn import reference as ref, video_inputs
+from open_vc_attn import reference as ref
 from open_vc_attn import repair
+from helpers import cpu_qkv, to_cuda, video_qkv
 
 PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # openvc::kPackedKeyOrder
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-def video_qkv(b, s, h, seed=0):
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=128, seed=seed)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays):
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", torch.bfloat16) for x in arrays)
 
 
 def rel_l2(a, b):
@@ -88,10 +74,6 @@ def test_extension_repair_bindings():
         ext.prepare_v_repair(p, 0)
     assert not hasattr(ext.RepairInputs(), "tokens")   # attention never reads RepairInputs::tokens
     assert ext.repair_workspace_bytes(1, 2, 100, 500) > 0   # given tokens past Sk: block maxima only
-
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128)):
-    return tuple(torch.zeros(shape, dtype=torch.bfloat16) for _ in range(3))
 
 
 @pytest.mark.parametrize("kwargs,exc,msg", [

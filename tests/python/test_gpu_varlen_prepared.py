@@ -16,11 +16,6 @@ PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # op
 PreparedFP8 = open_vc_attn.PreparedFP8
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
 def offsets(lens):
     return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
 

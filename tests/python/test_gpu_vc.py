@@ -10,24 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from open_vc_attn import baselines, reference as ref, video_inputs
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-def video_qkv(b, s, h, dtype="bfloat16", seed=0, sinks=True):
-    """Synthetic video-like numpy q, k, v [B, S, H, 128] (float32 holding bf16 values, or float16)."""
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=128, seed=seed, dtype=dtype, num_sink_tokens=4 if sinks else 0)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays, dtype="bfloat16"):
-    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdt) for x in arrays)   # exact
+from open_vc_attn import baselines, reference as ref
+from helpers import to_cuda, video_qkv
 
 
 def rel_l2(a, b):
