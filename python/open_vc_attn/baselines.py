@@ -174,16 +174,12 @@ def benchmark_vc(q, k, v, *, softmax_scale=None, warmup=2, iters=10) -> dict:
         raise ValueError(f"iters: expected an int >= 1, got {iters!r}")
     _checks.check_vc_qkv(q, k, v)
 
+    from .bench import harness
+
     def timed(fn):
         for _ in range(warmup):
             fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
+        return harness.eager_ms(fn, iters)
 
     with torch.inference_mode(), torch.cuda.device(q.device):
         perm = vc_grouping(v)
