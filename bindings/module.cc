@@ -1,7 +1,8 @@
-// _openvc_ext: the CPU reference of docs/numerics.md for Python (numpy in, numpy out).
-// Thin on purpose: argument checking with readable messages lives in open_vc_attn/reference.py; here a
-// non-ok Status becomes ValueError (InvalidArgument) or RuntimeError, and long calls drop the GIL.
-// The GPU entry points (openvc/attention.h) are registered by register_gpu() in gpu.cc.
+// _openvc_ext: the nanobind module of open_vc_attn. This file binds the CPU reference of
+// docs/numerics.md (numpy in, numpy out; argument checks with readable messages live in
+// open_vc_attn/reference.py, long calls drop the GIL); the GPU entry points and their parameter
+// structs are registered by register_gpu (gpu.cc), register_vc (gpu_vc.cc) and register_repair
+// (gpu_repair.cc). A non-ok Status becomes ValueError (InvalidArgument) or RuntimeError (util.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -20,6 +21,7 @@
 
 #include "openvc/reference.h"
 #include "openvc/status.h"
+#include "util.h"
 
 namespace nb = nanobind;
 namespace ref = openvc::reference;
@@ -36,11 +38,7 @@ template <typename T>
 using Out = nb::ndarray<nb::numpy, T, nb::c_contig>;
 using CuSeqlens = std::optional<std::vector<int>>;
 
-void check(const openvc::Status& st) {
-  if (st.ok()) return;
-  if (st.code() == openvc::StatusCode::kInvalidArgument) throw nb::value_error(st.message().c_str());
-  throw std::runtime_error(st.message());
-}
+using openvc_bindings::check;
 
 [[noreturn]] void invalid(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
@@ -309,7 +307,7 @@ nb::dict compare(In<float> out, In<double> reference) {
 }  // namespace
 
 NB_MODULE(_openvc_ext, m) {
-  m.doc() = "CPU reference of the openvc numerics contract (use open_vc_attn.reference instead)";
+  m.doc() = "openvc: CPU reference and GPU entry points (use open_vc_attn's Python API instead)";
   m.attr("QUANT_BLOCK") = ref::kQuantBlock;
   m.attr("E4M3_MAX") = ref::kE4M3Max;
   m.attr("MAX_CODE") = ref::kMaxCode;
@@ -332,7 +330,8 @@ NB_MODULE(_openvc_ext, m) {
   m.def("attention_expcast", &attention_expcast, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("cu_seqlens_q") = nb::none(), nb::arg("cu_seqlens_k") = nb::none(),
         nb::arg("softmax_scale") = 0.0f, nb::arg("query_tile") = 128, nb::arg("key_tile") = 128,
-        nb::arg("mid_window_blocks") = 4, nb::arg("causal") = false, nb::arg("repair_budget") = 0.0,
+        nb::arg("mid_window_blocks") = ref::AttentionOptions{}.mid_window_blocks, nb::arg("causal") = false,
+        nb::arg("repair_budget") = 0.0,
         "Returns (out float32 [q's shape], lse float32 [nseq, H, max_q_len], rescales).");
   m.def("attention_exact", &attention_exact, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("cu_seqlens_q") = nb::none(), nb::arg("cu_seqlens_k") = nb::none(),

@@ -13,23 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 
 
 def bench(fn, iters=20):
-    import torch
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Milliseconds per call, timed as the benchmark times it (open_vc_attn.bench.harness)."""
+    from open_vc_attn.bench import harness
+    return harness.median_ms(fn, rounds=iters)
 
 
 def main(argv=None) -> int:

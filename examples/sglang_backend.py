@@ -24,7 +24,6 @@ import importlib
 import importlib.util
 import json
 import pathlib
-import statistics
 import sys
 import types
 
@@ -49,17 +48,9 @@ def import_sglang() -> str:
 
 
 def timed(fn, iters):
-    import torch
-    fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Milliseconds per call, timed as the benchmark times it (open_vc_attn.bench.harness)."""
+    from open_vc_attn.bench import harness
+    return harness.median_ms(fn, rounds=iters)
 
 
 def main(argv=None) -> int:

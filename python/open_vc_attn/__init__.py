@@ -7,8 +7,9 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
 - GPU functions on torch CUDA tensors (Hopper, sm_90a), defined in ``open_vc_attn.api``:
   :func:`attention`, :func:`prepare_fp8` (batched, or packed sequences with cu_seqlens),
   :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
-  elsewhere). They import torch when called, not before; their custom ops live in ``open_vc_attn.ops``
-  (imports torch).
+  elsewhere). They import torch when called, not before; their custom ops live in the package
+  ``open_vc_attn.ops`` (imports torch; importing it registers every op). Argument rules:
+  ``open_vc_attn._checks``; sizes, layouts and the constants read from the extension: ``open_vc_attn._layout``.
 """
 from __future__ import annotations
 

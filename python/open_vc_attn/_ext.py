@@ -1,7 +1,9 @@
-"""Loader of the compiled extension ``_openvc_ext`` (the CPU reference of docs/numerics.md).
+"""Loader of the compiled extension ``_openvc_ext``: the CPU reference of docs/numerics.md (used by
+:mod:`open_vc_attn.reference`) and the GPU entry points with their parameter structs (used by
+:mod:`open_vc_attn.ops`), plus the constants the C++ library owns (read by :mod:`open_vc_attn._layout`).
 
-Imported lazily by :mod:`open_vc_attn.reference`, so that the pure-numpy parts of the package (the
-input generator, bf16 rounding) work even where the extension was not built.
+Loaded on first use, so that the pure-numpy parts of the package (the input generator, bf16 rounding)
+work even where the extension was not built.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ V is replaced by its BF16 mean plus an E4M3 residual with one scale per channel.
 Same conventions as :mod:`open_vc_attn.api`: torch CUDA tensors on a compute capability 9.0 GPU, head_dim
 128, every kernel on ``torch.cuda.current_stream(device)`` with no host synchronization (except in
 :func:`benchmark_vc`), custom ops ``torch.ops.open_vc_attn.{vc_grouping, prepare_vc, attention_vc_fp8}``
-(:mod:`open_vc_attn._vc_ops`) so the functions trace under ``torch.compile``; bad arguments raise TypeError /
+(:mod:`open_vc_attn.ops.vc`) so the functions trace under ``torch.compile``; bad arguments raise TypeError /
 ValueError naming the argument. torch is imported when a function is called, not on import.
 """
 from __future__ import annotations
@@ -23,12 +23,10 @@ import dataclasses
 import numbers
 from typing import Any
 
-from . import api as _api
+from . import _checks
 
 __all__ = ["PreparedVC", "vc_grouping", "prepare_vc", "attention_vc", "vc_attention", "benchmark_vc"]
 
-VC_CLUSTERS = 64
-VC_ITERATIONS = 4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -71,46 +69,12 @@ class PreparedVC:
 
 # ---- argument checking -------------------------------------------------------------------------------------
 
-def _check_v(v, name="v"):
-    """v of vc_grouping: rank 4 [B, S, H, 128] or 3 [S, H, 128], BF16/FP16, CUDA; returns (rank-4 view, rank)."""
-    torch = _api._torch()
-    if not isinstance(v, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(v).__name__}")
-    if v.dim() not in (3, 4):
-        raise ValueError(f"{name}: expected rank 4 [B, S, H, D] or rank 3 [S, H, D], got shape {_api._shape(v)}")
-    v4 = v.unsqueeze(0) if v.dim() == 3 else v
-    if v.dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"{name}: expected dtype torch.bfloat16 or torch.float16, got {v.dtype}")
-    if v.numel() == 0:
-        raise ValueError(f"{name}: expected non-empty dims, got shape {_api._shape(v)}")
-    if max(v.shape) > _api._INT_MAX:
-        raise ValueError(f"{name}: dims must be < 2^31 (C++ ints), got shape {_api._shape(v)}")
-    if v4.shape[3] != _api.KERNEL_HEAD_DIM:
-        raise ValueError(f"{name}: head_dim {v4.shape[3]} is not supported: the VC baseline takes "
-                         f"{_api.KERNEL_HEAD_DIM}, got shape {_api._shape(v)}")
-    if v.requires_grad:
-        raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
-    _api._check_token_strides(name, v4)
-    if v.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {v.device}")
-    return v4, v.dim()
-
-
-def _check_qkv(q, k, v):
-    """q, k, v as in api.prepare_fp8, head_dim 128 only; returns rank-4 views and q's rank."""
-    torch = _api._torch()
-    if isinstance(q, torch.Tensor) and q.dim() in (3, 4) and q.shape[-1] != _api.KERNEL_HEAD_DIM:
-        raise ValueError(f"q: head_dim {q.shape[-1]} is not supported: the VC baseline takes "
-                         f"{_api.KERNEL_HEAD_DIM}, got shape {_api._shape(q)}")
-    return _api._check_tokens(q, k, v, head_dims=(_api.KERNEL_HEAD_DIM,), caller="prepare_vc")
-
-
 def _permutation4(permutation, k4, rank):
     """The permutation argument as an int32 [B, H, Sk] tensor, or None: None, a PreparedVC (its permutation
     is always [B, H, Sk]), or an int32 tensor [B, H, Sk] ([H, Sk] for rank-3 inputs)."""
     if permutation is None:
         return None
-    torch = _api._torch()
+    torch = _checks.import_torch()
     if isinstance(permutation, PreparedVC):
         perm = permutation.permutation
     else:
@@ -118,21 +82,17 @@ def _permutation4(permutation, k4, rank):
         if rank == 3 and isinstance(perm, torch.Tensor):
             if perm.dim() != 2:
                 raise ValueError(f"permutation: expected shape [H, Sk] for rank-3 inputs (from vc_grouping), got "
-                                 f"{_api._shape(perm)}")
+                                 f"{_checks.shape_of(perm)}")
             perm = perm.unsqueeze(0)
-    from . import _vc_ops
-    _vc_ops.check_permutation(perm, k4)
+    _checks.check_permutation(perm, k4)
     return perm
 
 
 def _check_prepared(prepared):
-    if not isinstance(prepared, PreparedVC):
-        raise TypeError(f"prepared: expected a PreparedVC from open_vc_attn.baselines.prepare_vc, got "
-                        f"{type(prepared).__name__}")
-    meta = _api._prepared_meta(prepared)
-    from . import _vc_ops
+    _checks.require_instance(prepared, PreparedVC, "prepared", "a PreparedVC from open_vc_attn.baselines.prepare_vc")
+    meta = _checks.prepared_meta(prepared)
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
-    _vc_ops.check_vc_tensors(prepared.tensors(), "prepared.", sizes)
+    _checks.check_vc_tensors(prepared.tensors(), "prepared.", sizes)
     return meta
 
 
@@ -143,9 +103,9 @@ def vc_grouping(v):
     v); entry i of a row is the original index of the token placed at position i. Deterministic: the same
     v (and shape) always gives the same permutation. Not bit-identical to reference.vc_grouping (the GPU
     works in FP32 on the tensor cores, the reference in double), but the same method."""
-    v4, rank = _check_v(v)
-    from . import _vc_ops
-    perm = _vc_ops.vc_grouping_op(v4)
+    v4, rank = _checks.check_vc_v(v)
+    from . import ops
+    perm = ops.vc_grouping_op(v4)
     return perm[0] if rank == 3 else perm
 
 
@@ -159,20 +119,20 @@ def prepare_vc(q, k, v, permutation=None) -> PreparedVC:
     (later denoising steps: only the per-call preparation runs). Its values are read on the GPU only, so
     they are not checked: it must be a permutation of [0, Sk) per (batch, head).
     """
-    q4, k4, v4, rank = _check_qkv(q, k, v)
+    q4, k4, v4, rank = _checks.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)
-    from . import _vc_ops
+    from . import ops
     if perm is None:
-        perm = _vc_ops.vc_grouping_op(v4)
-    tensors = _vc_ops.prepare_vc_op(q4, k4, v4, perm)
+        perm = ops.vc_grouping_op(v4)
+    tensors = ops.prepare_vc_op(q4, k4, v4, perm)
     b, sq, h, d = (int(s) for s in q4.shape)
     return PreparedVC(*tensors, permutation=perm, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h,
                       head_dim=d, input_rank=rank, dtype=q.dtype)
 
 
 def _attend(tensors, rank, scale, want_lse):
-    from . import _vc_ops
-    out, lse = _vc_ops.attention_vc_fp8_op(*tensors, scale, want_lse)
+    from . import ops
+    out, lse = ops.attention_vc_fp8_op(*tensors, scale, want_lse)
     if rank == 3:   # one sequence: drop the batch axis again (views, no copy)
         out, lse = out[0], (lse[0] if want_lse else lse)
     return (out, lse) if want_lse else out
@@ -183,7 +143,7 @@ def attention_vc(prepared, *, softmax_scale=None, return_lse=False):
     each key block's probability row sum. Returns out, bfloat16 in q's shape; with return_lse, (out, lse),
     lse float32 natural-log [B, H, Sq] ([H, Sq] for rank-3 inputs). The output is in the queries' original
     order (only the keys are permuted)."""
-    scale, want_lse = _api._softmax_scale(softmax_scale), _api._return_lse(return_lse)
+    scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
     meta = _check_prepared(prepared)
     return _attend(prepared.tensors(), meta["input_rank"], scale, want_lse)
 
@@ -192,13 +152,13 @@ def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=Fa
     """:func:`prepare_vc` then :func:`attention_vc` (same arguments and results): group (unless a
     permutation or PreparedVC is given), prepare, attend. The intermediates are freed on return. Goes
     through the ops directly (no PreparedVC object), so ``torch.compile(fullgraph=True)`` traces it."""
-    scale, want_lse = _api._softmax_scale(softmax_scale), _api._return_lse(return_lse)
-    q4, k4, v4, rank = _check_qkv(q, k, v)
+    scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
+    q4, k4, v4, rank = _checks.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)
-    from . import _vc_ops
+    from . import ops
     if perm is None:
-        perm = _vc_ops.vc_grouping_op(v4)
-    return _attend(_vc_ops.prepare_vc_op(q4, k4, v4, perm), rank, scale, want_lse)
+        perm = ops.vc_grouping_op(v4)
+    return _attend(ops.prepare_vc_op(q4, k4, v4, perm), rank, scale, want_lse)
 
 
 def benchmark_vc(q, k, v, *, softmax_scale=None, warmup=2, iters=10) -> dict:
@@ -207,23 +167,19 @@ def benchmark_vc(q, k, v, *, softmax_scale=None, warmup=2, iters=10) -> dict:
     denoising step), ``prepare_reused_ms`` (preparation with a reused permutation, later steps),
     ``attention_ms`` (attention_vc on a PreparedVC), and ``total_fresh_ms`` / ``total_reused_ms``
     (vc_attention without / with a permutation). Synchronizes the device; for benchmarks only."""
-    torch = _api._torch()
+    torch = _checks.import_torch()
     if isinstance(warmup, bool) or not isinstance(warmup, numbers.Integral) or warmup < 0:
         raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
         raise ValueError(f"iters: expected an int >= 1, got {iters!r}")
-    _check_qkv(q, k, v)
+    _checks.check_vc_qkv(q, k, v)
+
+    from .bench import harness
 
     def timed(fn):
         for _ in range(warmup):
             fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
+        return harness.eager_ms(fn, iters)
 
     with torch.inference_mode(), torch.cuda.device(q.device):
         perm = vc_grouping(v)

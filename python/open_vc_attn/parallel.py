@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import contextlib
 
-from . import api as _api
+from . import _checks, api
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM, PACKED_KEY_ORDER, QUANT_BLOCK
 
 __all__ = ["ulysses_attention", "attention_with_lse", "merge_attention_states"]
 
 E4M3_MAX = 448.0
 
 
-_torch = _api._torch
+_torch = _checks.import_torch
 
 
 def _dist():
@@ -42,35 +43,35 @@ def _dist():
 
 def _check_args(q, k, v, world_size, fp8_all_to_all):
     """Checks ulysses_attention's tensors for a group of world_size ranks; returns rank-4 views of q, k, v
-    and q's rank. Shape checks come first and the device last (as in api._check_tokens), so that everything
+    and q's rank. Shape checks come first and the device last (as in _checks.check_tokens), so that everything
     but the device can be exercised with CPU tensors."""
-    _api._require_tensors(q, k, v)
+    _checks.require_tensors(q, k, v)
     rank = q.dim()
     if rank not in (3, 4):
         raise ValueError(f"q: expected this rank's sequence shard [B, S/N, H, D] or [S/N, H, D], got shape "
-                         f"{_api._shape(q)}")
+                         f"{_checks.shape_of(q)}")
     for name, x in (("k", k), ("v", v)):
         if x.dim() != rank:
-            raise ValueError(f"{name}: expected rank {rank} like q, got shape {_api._shape(x)}")
+            raise ValueError(f"{name}: expected rank {rank} like q, got shape {_checks.shape_of(x)}")
     q4, k4, v4 = (x.unsqueeze(0) if rank == 3 else x for x in (q, k, v))
     if v4.shape != k4.shape:
-        raise ValueError(f"v: expected the shape of k {_api._shape(k)}, got {_api._shape(v)}")
+        raise ValueError(f"v: expected the shape of k {_checks.shape_of(k)}, got {_checks.shape_of(v)}")
     if k4.shape[0] != q4.shape[0] or k4.shape[2:] != q4.shape[2:]:
-        raise ValueError(f"k: expected the batch, heads and head_dim of q {_api._shape(q)}, got {_api._shape(k)}")
+        raise ValueError(f"k: expected the batch, heads and head_dim of q {_checks.shape_of(q)}, got {_checks.shape_of(k)}")
     heads = int(q4.shape[2])
     if heads % world_size != 0:
         raise ValueError(f"q: the head count H = {heads} must be divisible by the world size N = {world_size} of "
-                         f"group (Ulysses gives each rank H/N whole heads), got shape {_api._shape(q)}")
+                         f"group (Ulysses gives each rank H/N whole heads), got shape {_checks.shape_of(q)}")
     if fp8_all_to_all:
         for name, x in (("q", q4), ("k", k4)):
-            if x.shape[1] % _api.QUANT_BLOCK != 0:
+            if x.shape[1] % QUANT_BLOCK != 0:
                 raise ValueError(
-                    f"fp8_all_to_all: needs every rank's sequence shard to be a multiple of {_api.QUANT_BLOCK} "
-                    f"tokens (Q/K descales are per {_api.QUANT_BLOCK}-token block of the full sequence), got "
-                    f"{name} shard length S/N = {x.shape[1]} ({name} shape {_api._shape(x)}); pad the sequence "
-                    f"to a multiple of {_api.QUANT_BLOCK * world_size} tokens, or use fp8_all_to_all=False")
+                    f"fp8_all_to_all: needs every rank's sequence shard to be a multiple of {QUANT_BLOCK} "
+                    f"tokens (Q/K descales are per {QUANT_BLOCK}-token block of the full sequence), got "
+                    f"{name} shard length S/N = {x.shape[1]} ({name} shape {_checks.shape_of(x)}); pad the sequence "
+                    f"to a multiple of {QUANT_BLOCK * world_size} tokens, or use fp8_all_to_all=False")
     # dtype, empty dims, head dim 128, requires_grad, strides, device (last)
-    _api._check_tokens(q4, k4, v4, head_dims=(_api.KERNEL_HEAD_DIM,), caller="attention")
+    _checks.check_tokens(q4, k4, v4, head_dims=(KERNEL_HEAD_DIM,), caller="attention")
     return q4, k4, v4, rank
 
 
@@ -169,9 +170,7 @@ def _packed_key_order(device):
     torch = _torch()
     key = str(device)
     if key not in _ORDER_CACHE:
-        from . import _ext
-        order = tuple(int(i) for i in _ext.load().PACKED_KEY_ORDER)   # openvc::kPackedKeyOrder
-        _ORDER_CACHE[key] = torch.tensor(order, dtype=torch.long, device=device)
+        _ORDER_CACHE[key] = torch.tensor(PACKED_KEY_ORDER, dtype=torch.long, device=device)
     return _ORDER_CACHE[key]
 
 
@@ -181,7 +180,7 @@ def _pack_v(codes):
     group holding key PACKED_KEY_ORDER[c]."""
     torch = _torch()
     b, s, h, d = (int(n) for n in codes.shape)
-    s_pad = -(-s // _api.QUANT_BLOCK) * _api.QUANT_BLOCK
+    s_pad = -(-s // QUANT_BLOCK) * QUANT_BLOCK
     x = codes.permute(0, 2, 3, 1)                           # [B, H, D, S] view
     if s_pad != s:
         x = torch.nn.functional.pad(x, (0, s_pad - s))      # code 0 for the padding keys
@@ -200,9 +199,9 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
     phases "quantize", "all_to_all", "pack" and "attention" (scripts/device/ulysses_multi_gpu.py)."""
     dist = _dist()
     timer = timer or _no_timer
-    scale = _api._softmax_scale(softmax_scale)   # validated before any collective
-    _api._mid_window(mid_window_blocks)
-    _api._return_lse(return_lse)
+    scale = _checks.softmax_scale(softmax_scale)   # validated before any collective
+    _checks.mid_window(mid_window_blocks)
+    _checks.return_lse(return_lse)
     if not isinstance(fp8_all_to_all, bool):
         raise TypeError(f"fp8_all_to_all: expected a bool, got {type(fp8_all_to_all).__name__}")
     world, me = _group_info(group)
@@ -214,12 +213,12 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
         with timer("all_to_all"):
             qh, kh, vh = (_seq_to_heads(x, world, group) for x in (q4, k4, v4))
         with timer("attention"):
-            res = _api.attention(qh, kh, vh, **opts)
+            res = api.attention(qh, kh, vh, **opts)
     else:
         heads = int(q4.shape[2])
         hl = heads // world
         with timer("quantize"):
-            prep = _api.prepare_fp8(q4, k4, v4)   # Q/K: the single-GPU blocks; its V (local scale) is unused
+            prep = api.prepare_fp8(q4, k4, v4)   # Q/K: the single-GPU blocks; its V (local scale) is unused
             amax = _v_amax(v4)                    # [B, H] over this shard
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)   # exact: the whole sequence's amax
             v_codes, v_descale = _quantize_v(v4, amax)
@@ -232,9 +231,9 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
         with timer("pack"):
             v_packed = _pack_v(vc)
             vd = v_descale[:, me * hl:(me + 1) * hl].contiguous()
-            prepared = _api.PreparedFP8.from_quantized(qc, qd, kc, kd, v_packed, vd, input_rank=4, dtype=q.dtype)
+            prepared = api.PreparedFP8.from_quantized(qc, qd, kc, kd, v_packed, vd, input_rank=4, dtype=q.dtype)
         with timer("attention"):
-            res = _api.attention_fp8(prepared, **opts)
+            res = api.attention_fp8(prepared, **opts)
     out, lse = res if return_lse else (res, None)
     with timer("all_to_all"):
         out = _heads_to_seq(out, world, group)
@@ -243,8 +242,8 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
     return (out, lse) if return_lse else out
 
 
-def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blocks=4, return_lse=False,
-                      fp8_all_to_all=False):
+def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
+                      return_lse=False, fp8_all_to_all=False):
     """Ulysses sequence-parallel openvc attention over the ``torch.distributed`` group ``group``
     (None: the default group) of N ranks; every rank of the group must call it with the same shapes.
 
@@ -274,11 +273,11 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
 
 # ---- partial attentions and their merge ------------------------------------------------------------------
 
-def attention_with_lse(q, k, v, *, softmax_scale=None, mid_window_blocks=4):
+def attention_with_lse(q, k, v, *, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS):
     """:func:`open_vc_attn.attention` with ``return_lse=True``: ``(out, lse)``, out bfloat16 in q's shape,
     lse float32 ``[B, H, Sq]`` (``[H, Sq]`` for a rank-3 q), natural log. k, v may be any subset of the keys
     (Sq != Sk is supported); merge partial results with :func:`merge_attention_states`."""
-    return _api.attention(q, k, v, softmax_scale=softmax_scale, mid_window_blocks=mid_window_blocks,
+    return api.attention(q, k, v, softmax_scale=softmax_scale, mid_window_blocks=mid_window_blocks,
                           return_lse=True)
 
 
@@ -303,14 +302,14 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
         if not x.is_floating_point():
             raise TypeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     if out_a.dim() not in (3, 4):
-        raise ValueError(f"out_a: expected [B, S, H, D] or [S, H, D], got shape {_api._shape(out_a)}")
+        raise ValueError(f"out_a: expected [B, S, H, D] or [S, H, D], got shape {_checks.shape_of(out_a)}")
     if out_b.shape != out_a.shape:
-        raise ValueError(f"out_b: expected the shape of out_a {_api._shape(out_a)}, got {_api._shape(out_b)}")
+        raise ValueError(f"out_b: expected the shape of out_a {_checks.shape_of(out_a)}, got {_checks.shape_of(out_b)}")
     want = (*out_a.shape[:-3], out_a.shape[-2], out_a.shape[-3])   # [B, H, S] or [H, S]
     for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
         if tuple(x.shape) != tuple(want):
             raise ValueError(f"{name}: expected shape {tuple(int(n) for n in want)} ([B, H, S] for out "
-                             f"[B, S, H, D]), got {_api._shape(x)}")
+                             f"[B, S, H, D]), got {_checks.shape_of(x)}")
     for name, x in (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
         if x.device != out_a.device:
             raise ValueError(f"{name}: expected device {out_a.device} like out_a, got {x.device}")

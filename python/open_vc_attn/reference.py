@@ -22,6 +22,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import _ext
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS
 
 QUANT_BLOCK = 128      # tokens per Q/K scale group, also the key tile
 E4M3_MAX = 448.0
@@ -265,7 +266,7 @@ def expcast_code(acc, a, row_max) -> np.ndarray:
     return np.asarray(_ext.load().expcast_code(*flat)).reshape(shape)
 
 
-def key_block_order(diag, n, mid_window_blocks=4) -> list:
+def key_block_order(diag, n, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS) -> list:
     """Key blocks in visiting order (section 5): j0 = min(diag + w, n - 1); j0 down to 0, then j0 + 1 up;
     ``mid_window_blocks=None`` gives 0..n-1."""
     n = _int_arg(n, "n", 1)
@@ -316,8 +317,8 @@ def select_v_repair(v, budget, cu_seqlens=None) -> dict:
 
 # ---- attention -----------------------------------------------------------------------------------------
 
-def attention(q, k, v, *, softmax_scale=None, causal=False, mid_window_blocks=4, query_tile=128,
-              repair_budget=0.0, return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None):
+def attention(q, k, v, *, softmax_scale=None, causal=False, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
+              query_tile=128, repair_budget=0.0, return_lse=False, cu_seqlens_q=None, cu_seqlens_k=None):
     """ExpCast FP8 attention as the kernel computes it (sections 1-6), output float32 of q's shape.
 
     softmax_scale None means 1/sqrt(D). mid_window_blocks None visits key blocks in natural order.

@@ -22,6 +22,7 @@ import torch
 
 import open_vc_attn
 from open_vc_attn import repair, video_inputs
+from open_vc_attn.bench import harness
 
 SELECTIONS = ("energy", "attention")
 
@@ -60,28 +61,18 @@ def rel_l2(x, ref):
     return float(torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
 
 
-def time_ms(fn, iters=10, warmup=2):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
+def time_ms(fn, iters=10):
+    """Median ms per call, timed as the benchmark times it (open_vc_attn.bench.harness)."""
+    return harness.median_ms(fn, rounds=iters)
 
 
 def costs(q, k, v, prepared, budget, iters):
     """Median ms of the repair preparation (energy op; whole attention-aware selection) and attention."""
-    ops = repair._ops()
+    from open_vc_attn import ops
     fp8 = (prepared.k_codes, prepared.k_descale, prepared.v_packed, prepared.v_descale)
     pr = repair.prepare_v_repair(q, k, v, budget, prepared=prepared)
     res = dict(rows=pr.rows,
-               prep_energy_ms=time_ms(lambda: ops.prepare_v_repair(v, *fp8, budget), iters),
+               prep_energy_ms=time_ms(lambda: ops.prepare_v_repair_op(v, *fp8, budget), iters),
                prep_attention_ms=time_ms(lambda: repair.prepare_v_repair(q, k, v, budget, "attention",
                                                                          prepared=prepared), max(2, iters // 3)),
                attention_ms=time_ms(lambda: open_vc_attn.attention_fp8(prepared), max(2, iters // 3)),

@@ -22,8 +22,6 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import argparse   # noqa: E402
-import collections  # noqa: E402
-import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
@@ -33,27 +31,8 @@ import torch.distributed as dist  # noqa: E402
 
 import open_vc_attn  # noqa: E402
 from open_vc_attn import parallel  # noqa: E402
-
-
-class EventTimer:
-    """timer(name) context manager recording CUDA event pairs on the current stream; totals in ms."""
-
-    def __init__(self):
-        self.pairs = collections.defaultdict(list)
-
-    @contextlib.contextmanager
-    def __call__(self, name):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        try:
-            yield
-        finally:
-            end.record()
-            self.pairs[name].append((start, end))
-
-    def totals_ms(self):
-        torch.cuda.synchronize()
-        return {name: sum(s.elapsed_time(e) for s, e in pairs) for name, pairs in self.pairs.items()}
+from open_vc_attn._layout import DEFAULT_MID_WINDOW_BLOCKS  # noqa: E402
+from open_vc_attn.bench import harness  # noqa: E402
 
 
 def make_inputs(args, s, device):
@@ -112,18 +91,12 @@ def run_config(args, s, fp8, world, me, device):
         parallel.ulysses_attention(qs, ks, vs, **call)
     torch.cuda.synchronize()
     dist.barrier()
-    timer = EventTimer()
-    e2e = []
+    timer = harness.PhaseTimer()   # the phases inside, and end_to_end around, each call
     for _ in range(args.iters):
         dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out, lse = parallel._ulysses(qs, ks, vs, None, None, 4, True, fp8, timer=timer)
-        end.record()
-        e2e.append((start, end))
-    torch.cuda.synchronize()
+        with timer("end_to_end"):
+            out, lse = parallel._ulysses(qs, ks, vs, None, None, DEFAULT_MID_WINDOW_BLOCKS, True, fp8, timer=timer)
     times = {name: ms / args.iters for name, ms in timer.totals_ms().items()}
-    times["end_to_end"] = sum(a.elapsed_time(b) for a, b in e2e) / args.iters
     all_times = [None] * world
     dist.all_gather_object(all_times, times)
 
@@ -132,13 +105,7 @@ def run_config(args, s, fp8, world, me, device):
     if me == 0:
         del qs, ks, vs
         want, want_lse = open_vc_attn.attention(q, k, v, return_lse=True)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.iters):
-            open_vc_attn.attention(q, k, v)
-        end.record()
-        torch.cuda.synchronize()
-        result["single_gpu_attention_ms"] = start.elapsed_time(end) / args.iters
+        result["single_gpu_attention_ms"] = harness.eager_ms(lambda: open_vc_attn.attention(q, k, v), args.iters)
         same = torch.equal(out_full.view(torch.uint8), want.view(torch.uint8))
         same_lse = torch.equal(lse_full.view(torch.uint8), want_lse.view(torch.uint8))
         result["out_bit_equal"], result["lse_bit_equal"] = bool(same), bool(same_lse)

@@ -1,6 +1,12 @@
 """Shared pytest set-up: the `gpu` marker (declared in pyproject.toml) skips, with the reason shown in
-the summary (`pytest -rs`), when torch, a CUDA device or compute capability 9.0 is missing."""
+the summary (`pytest -rs`), when torch, a CUDA device or compute capability 9.0 is missing; the `torch`
+fixture (the module, or a skip where torch is not installed). Input builders: helpers.py."""
 import pytest
+
+
+@pytest.fixture(scope="session")
+def torch():
+    return pytest.importorskip("torch")
 
 _gpu_reason = None  # computed once, and only when a gpu test was collected (torch imports are slow)
 

@@ -408,3 +408,22 @@ def test_bench_smoke_end_to_end(tmp_path):
     assert "sdpa-cudnn:attention" in ok or "sdpa-flash:attention" in ok
     md, _, _ = report.write_report([rec], str(tmp_path / "report"))
     assert os.path.exists(md)
+
+
+@pytest.mark.gpu
+def test_one_function_timers_agree(torch):
+    """median_ms (graph replay, as the benchmark), eager_ms and PhaseTimer (the examples' and device
+    scripts' timers) measure the same work alike."""
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def f():
+        return x @ x
+
+    graphed, eager = harness.median_ms(f, rounds=3), harness.eager_ms(f, 5)
+    assert graphed > 0 and eager > 0 and 0.5 < graphed / eager < 2
+    timer = harness.PhaseTimer()
+    for _ in range(2):
+        with timer("matmul"):
+            f()
+    totals = timer.totals_ms()
+    assert set(totals) == {"matmul"} and 0.5 < totals["matmul"] / (2 * eager) < 2

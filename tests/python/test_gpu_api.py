@@ -12,30 +12,13 @@ import numpy as np
 import pytest
 
 import open_vc_attn
-from open_vc_attn import _ext, reference as ref, video_inputs
+from open_vc_attn import _ext, reference as ref
+from helpers import cpu_qkv, to_cuda, video_qkv
 
 PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # openvc::kPackedKeyOrder
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
 # ---- helpers ----------------------------------------------------------------------------------------
-
-def video_qkv(b, s, h, dtype="bfloat16", seed=0, d=128):
-    """Synthetic video-like numpy q, k, v [B, S, H, D] (float32 holding bf16 values, or float16)."""
-    small = s < 16   # too few tokens for sink keys and V outliers
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=d, seed=seed, dtype=dtype, num_sink_tokens=0 if small else 4,
-                              v_outlier_fraction=0.0 if small else 0.001)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays, dtype="bfloat16"):
-    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdt) for x in arrays)   # exact
 
 
 def cuda_qkv(torch, b, s, h, dtype="bfloat16", seed=0, d=128):
@@ -81,22 +64,26 @@ def test_gpu_functions_exported_without_importing_torch():
 def test_extension_maps_cpp_status_to_value_error():
     """gpu.cc: the C++ checks run before any CUDA call, and InvalidArgument becomes ValueError."""
     ext = _ext.load()
-    view = (0, 0, 0, 0)
+    prep = ext.PrepareParams()
+    prep.batch = prep.seqlen_q = prep.seqlen_k = prep.heads = 1
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
-        ext.prepare_fp8(True, 1, 1, 1, 1, 128, view, view, view, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        ext.prepare_fp8(prep, 0)
+    attn = ext.AttentionParams()
+    for name in ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale"):
+        setattr(attn.in_, name, 16)   # in_ is returned by reference: this sets the struct's own field
+    attn.in_.seqlen_q = attn.in_.seqlen_k = attn.in_.heads = 1
+    attn.out = 16
+    assert attn.in_.q_codes == 16 and attn.in_.head_dim == 128 and attn.in_.batch == 0
     with pytest.raises(ValueError, match="must be > 0"):
-        ext.attention_fp8(0, 1, 1, 1, 128, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0.0, 4, 0)
+        ext.attention_fp8(attn, 0)
+    with pytest.raises(AttributeError):
+        attn.no_such_field = 1   # a misspelt field name is an error, not a silent new attribute
+    assert ext.DEFAULT_MID_WINDOW_BLOCKS == attn.mid_window_blocks == ext.GeneralAttentionParams().mid_window_blocks
     assert tuple(ext.PACKED_KEY_ORDER) == tuple(PACKED_KEY_ORDER)
     assert ext.prepare_workspace_bytes(2, 3) % 16 == 0 and ext.prepare_workspace_bytes(2, 3) >= 24
 
 
 # ---- argument validation without a GPU (CPU / meta tensors) --------------------------------------------
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128), dtype=None, **over):
-    dtype = dtype or torch.bfloat16
-    t = {n: torch.zeros(shape, dtype=dtype) for n in "qkv"}
-    t.update(over)
-    return t["q"], t["k"], t["v"]
 
 
 @pytest.mark.parametrize("fn", ["attention", "prepare_fp8"])
@@ -412,15 +399,15 @@ def test_errors_on_gpu(torch, monkeypatch):
     with pytest.raises(ValueError, match=r"prepared\.q_descale: expected a CUDA tensor"):
         open_vc_attn.attention_fp8(dataclasses.replace(p, q_descale=p.q_descale.cpu()))
     # A GPU other than compute capability 9.0: RuntimeError with the reason.
-    from open_vc_attn import ops
+    from open_vc_attn.ops import device
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **kw: (8, 0))
-    ops._unsupported_device.cache_clear()
+    device.unsupported_device.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"compute capability 8\.0.*need 9\.0"):
             open_vc_attn.attention(q, k, v)
     finally:
         monkeypatch.undo()
-        ops._unsupported_device.cache_clear()
+        device.unsupported_device.cache_clear()
 
 
 @pytest.mark.gpu

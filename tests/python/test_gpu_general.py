@@ -14,11 +14,7 @@ import pytest
 
 import open_vc_attn
 from open_vc_attn import _ext, reference as ref, video_inputs
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
+from helpers import cpu_qkv
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -96,9 +92,6 @@ def expect_lse_close_to_exact(lse, want_lse, exact_lse):
 
 
 # ---- argument checks without a GPU (CPU / meta tensors) -------------------------------------------------
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128)):
-    return tuple(torch.zeros(shape, dtype=torch.bfloat16) for _ in range(3))
 
 
 @pytest.mark.parametrize("kwargs,exc,msg", [
@@ -228,16 +221,48 @@ def test_general_op_fake_shapes_and_errors(torch):
         op(*tensors, cu, cu, 1000, 1000, 0.0, False, 4, False)
 
 
+def test_general_path_grid_limits_name_the_argument(torch):
+    """batch, heads and the sequence count are grid dimensions of the general path (at most 65535): checked
+    in Python, naming the argument (FakeTensorMode: CUDA tensors without a GPU or memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from open_vc_attn import ops
+    with FakeTensorMode():
+        dev = dict(device="cuda", dtype=torch.bfloat16)
+        many_b, many_h = torch.empty(65536, 1, 1, 64, **dev), torch.empty(1, 1, 65536, 64, **dev)
+        with pytest.raises(ValueError, match="^q: the general path .* at most 65535 batches .* got 65536"):
+            open_vc_attn.attention(many_b, many_b, many_b)
+        with pytest.raises(ValueError, match="^q: the general path .* at most 65535 heads .* got 65536"):
+            open_vc_attn.attention(many_h, many_h, many_h, causal=True)
+        prepared = open_vc_attn.prepare_fp8(many_b, many_b, many_b)   # preparation has no such limit
+        with pytest.raises(ValueError, match="^prepared.batch: the general path .* at most 65535 batches"):
+            open_vc_attn.attention_fp8(prepared)
+        with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 batches"):
+            ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, False, 4, False)
+        packed = torch.empty(65536, 1, 128, **dev)
+        cu = torch.arange(65537, dtype=torch.int32, device="cuda")
+        with pytest.raises(ValueError, match="^cu_seqlens_q: the general path .* at most 65535 sequences"):
+            open_vc_attn.attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
+                                   max_seqlen_k=1)
+        # Up to the limit the checks pass (the fast path, head_dim 128 non-causal, has no such limit).
+        out = open_vc_attn.attention(*(torch.empty(65535, 1, 1, 64, **dev),) * 3)
+        assert out.shape == (65535, 1, 1, 64)
+        out = open_vc_attn.attention(*(torch.empty(65536, 1, 1, 128, **dev),) * 3)
+        assert out.shape == (65536, 1, 1, 128)
+
+
 def test_extension_maps_general_status_to_value_error():
     ext = _ext.load()
-    args = dict(batch=1, seqlen_q=1, seqlen_k=1, heads=1, head_dim=96, cu_seqlens_q=0, cu_seqlens_k=0, num_seqs=0,
-                max_seqlen_q=0, max_seqlen_k=0, q_codes=16, q_descale=16, k_codes=16, k_descale=16, v_packed=16,
-                v_descale=16, causal=True, out=16, out_stride_batch=128, out_stride_seq=128, out_stride_head=128,
-                lse=0, lse_stride_batch=0, lse_stride_head=0, softmax_scale=0.0, mid_window_blocks=4, stream=0)
+    p = ext.GeneralAttentionParams()
+    for name, value in dict(batch=1, seqlen_q=1, seqlen_k=1, heads=1, head_dim=96, q_codes=16, q_descale=16,
+                            k_codes=16, k_descale=16, v_packed=16, v_descale=16).items():
+        setattr(p.in_, name, value)
+    p.causal, p.out = True, 16
+    p.out_stride_batch = p.out_stride_seq = p.out_stride_head = 128
     with pytest.raises(ValueError, match="in.head_dim: the general path takes 64 or 128, got 96"):
-        ext.attention_general(**args)
+        ext.attention_general(p, 0)
+    p.in_.head_dim, p.cu_seqlens_q = 64, 16
     with pytest.raises(ValueError, match="packed sequences need both offset arrays"):
-        ext.attention_general(**{**args, "head_dim": 64, "cu_seqlens_q": 16})
+        ext.attention_general(p, 0)
 
 
 # ---- GPU: against the CPU reference ---------------------------------------------------------------------

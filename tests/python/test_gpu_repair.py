@@ -13,25 +13,11 @@ import numpy as np
 import pytest
 
 import open_vc_attn
-from open_vc_attn import reference as ref, video_inputs
+from open_vc_attn import reference as ref
 from open_vc_attn import repair
+from helpers import cpu_qkv, to_cuda, video_qkv
 
 PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # openvc::kPackedKeyOrder
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-def video_qkv(b, s, h, seed=0):
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=128, seed=seed)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays):
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", torch.bfloat16) for x in arrays)
 
 
 def rel_l2(a, b):
@@ -78,16 +64,16 @@ def test_extension_repair_bindings():
             assert ext.repair_row_count(b, s) == repair.repair_rows(b, s), (b, s)
     with pytest.raises(ValueError, match="^budget must be finite"):
         ext.repair_row_count(float("nan"), 10)
-    view = (0, 0, 0, 0)
+    p = ext.RepairPrepareParams()
+    p.batch, p.seqlen_k, p.heads, p.budget = 1, 100, 2, 2.0
+    assert p.selection == ext.RepairSelection.energy and p.head_dim == 128
     with pytest.raises(ValueError, match=r"params\.budget"):
-        ext.prepare_v_repair(True, 1, 100, 2, 128, view, 0, 0, 0, 0, 2.0, -1, 0, 0, 0, 0, 0, 0, 0)
+        ext.prepare_v_repair(p, 0)
+    p.budget = 0.5
     with pytest.raises(ValueError, match=r"params\.v\.data is null"):
-        ext.prepare_v_repair(True, 1, 100, 2, 128, view, 0, 0, 0, 0, 0.5, -1, 0, 0, 0, 0, 0, 0, 0)
+        ext.prepare_v_repair(p, 0)
+    assert not hasattr(ext.RepairInputs(), "tokens")   # attention never reads RepairInputs::tokens
     assert ext.repair_workspace_bytes(1, 2, 100, 500) > 0   # given tokens past Sk: block maxima only
-
-
-def cpu_qkv(torch, shape=(1, 8, 2, 128)):
-    return tuple(torch.zeros(shape, dtype=torch.bfloat16) for _ in range(3))
 
 
 @pytest.mark.parametrize("kwargs,exc,msg", [
@@ -141,19 +127,19 @@ def test_errors_attention_v_repair(torch):
 
 def test_fake_implementations_give_output_shapes(torch):
     """The ops' fake kernels (torch.compile's view of them) on meta tensors: shapes and dtypes only."""
-    ops = repair._ops()
+    from open_vc_attn import ops
     m = dict(device="meta")
     b, s, h, d, nk = 2, 1000, 3, 128, 8
     v = torch.empty(b, s, h, d, dtype=torch.bfloat16, **m)
     fp8 = (torch.empty(b, s, h, d, dtype=torch.uint8, **m), torch.empty(b, h, nk, **m),
            torch.empty(b, h, d, nk * 128, dtype=torch.uint8, **m), torch.empty(b, h, **m))
-    tokens, rk, rkd, rv = ops.prepare_v_repair(v, *fp8, 0.05)
+    tokens, rk, rkd, rv = ops.prepare_v_repair_op(v, *fp8, 0.05)
     assert (tokens.shape, rk.shape, rkd.shape, rv.shape) == ((b, h, 50), (b, h, 128, d), (b, h, 128), (b, h, d, 128))
     assert (tokens.dtype, rk.dtype, rkd.dtype, rv.dtype) == (torch.int32, torch.uint8, torch.float32, torch.uint8)
-    rk, rkd, rv = ops.build_v_repair(v, *fp8, torch.empty(b, h, 129, dtype=torch.int32, **m))
+    rk, rkd, rv = ops.build_v_repair_op(v, *fp8, torch.empty(b, h, 129, dtype=torch.int32, **m))
     assert (rk.shape, rkd.shape, rv.shape) == ((b, h, 256, d), (b, h, 256), (b, h, d, 256))
     with pytest.raises(ValueError, match="^v_packed: expected a contiguous torch.uint8 tensor of shape"):
-        ops.prepare_v_repair(v, *fp8[:2], fp8[2][..., :1000], fp8[3], 0.05)
+        ops.prepare_v_repair_op(v, *fp8[:2], fp8[2][..., :1000], fp8[3], 0.05)
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------
@@ -278,6 +264,25 @@ def test_torch_compile_fullgraph(torch):
     eager = f(qt, kt, vt)
     compiled = torch.compile(f, fullgraph=True)(qt, kt, vt)
     assert torch.equal(eager, compiled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first", ["repair", "vc", "attention"])
+def test_torch_compile_fullgraph_as_the_first_call(first):
+    """A fresh process whose first openvc call is a compiled one (issue 16 item 4): every op is registered
+    at import of open_vc_attn.ops, so the trace never runs a registration. Compared with eager after."""
+    calls = {"repair": "r.attention_v_repair(r.prepare_v_repair(q, k, v, 0.05))",
+             "vc": "b.vc_attention(q, k, v)", "attention": "p.attention(q, k, v, causal=True)"}
+    code = ("import torch, open_vc_attn as p, open_vc_attn.repair as r, open_vc_attn.baselines as b\n"
+            "g = torch.Generator(device='cuda').manual_seed(0)\n"
+            "q, k, v = (torch.randn(1, 500, 2, 128, device='cuda', generator=g).bfloat16() for _ in range(3))\n"
+            f"f = lambda q, k, v: {calls[first]}\n"
+            "compiled = torch.compile(f, fullgraph=True)(q, k, v)\n"
+            "assert torch.equal(compiled, f(q, k, v))\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stdout.strip().endswith("ok")
 
 
 def test_prepared_repair_is_frozen(torch):

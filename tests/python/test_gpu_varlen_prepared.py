@@ -16,11 +16,6 @@ PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # op
 PreparedFP8 = open_vc_attn.PreparedFP8
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
 def offsets(lens):
     return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
 
@@ -52,15 +47,23 @@ def bytes_equal(torch, a, b):
 
 def test_extension_prepare_varlen_checks_arguments():
     ext = _ext.load()
-    view, outs = (0, 0, 0, 0), (0,) * 8   # six outputs, workspace, workspace_bytes
+
+    def params(num_seqs, max_q, max_k, head_dim=128, cu_k=16):
+        p = ext.PrepareParams()
+        p.num_seqs, p.max_seqlen_q, p.max_seqlen_k, p.heads, p.head_dim = num_seqs, max_q, max_k, 1, head_dim
+        p.cu_seqlens_q, p.cu_seqlens_k = 16, cu_k
+        return p
+
     with pytest.raises(ValueError, match=r"params\.cu_seqlens_k is null but cu_seqlens_q is set"):
-        ext.prepare_fp8_varlen(True, 1, 1, 1, 1, 128, view, view, view, 16, 0, *outs, 0)
+        ext.prepare_fp8(params(1, 1, 1, cu_k=0), 0)
     with pytest.raises(ValueError, match=r"params\.num_seqs must be > 0"):
-        ext.prepare_fp8_varlen(True, 0, 1, 1, 1, 128, view, view, view, 16, 16, *outs, 0)
+        ext.prepare_fp8(params(0, 1, 1), 0)
     with pytest.raises(ValueError, match=r"params\.max_seqlen_k must be > 0"):
-        ext.prepare_fp8_varlen(True, 2, 5, 0, 1, 128, view, view, view, 16, 16, *outs, 0)
+        ext.prepare_fp8(params(2, 5, 0), 0)
+    p = params(2, 5, 5, head_dim=64)
+    p.dtype = ext.DType.float16
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
-        ext.prepare_fp8_varlen(False, 2, 5, 5, 1, 64, view, view, view, 16, 16, *outs, 0)
+        ext.prepare_fp8(p, 0)
     assert ext.prepare_workspace_bytes(3, 2) >= 24   # (num_seqs, heads) for packed sequences
 
 

@@ -10,24 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from open_vc_attn import baselines, reference as ref, video_inputs
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
-
-
-def video_qkv(b, s, h, dtype="bfloat16", seed=0, sinks=True):
-    """Synthetic video-like numpy q, k, v [B, S, H, 128] (float32 holding bf16 values, or float16)."""
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=128, seed=seed, dtype=dtype, num_sink_tokens=4 if sinks else 0)
-    return p.q, p.k, p.v
-
-
-def to_cuda(torch, arrays, dtype="bfloat16"):
-    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to("cuda", tdt) for x in arrays)   # exact
+from open_vc_attn import baselines, reference as ref
+from helpers import to_cuda, video_qkv
 
 
 def rel_l2(a, b):
@@ -53,13 +37,21 @@ def test_extension_entry_points_check_arguments():
     """The C++ checks run before any CUDA call: a bad argument is a ValueError naming the field."""
     from open_vc_attn import _ext
     ext = _ext.load()
-    null = (0, 0, 0, 0)
+    grouping = ext.VcGroupingParams()
+    grouping.batch, grouping.seqlen, grouping.heads = 1, 10, 1
     with pytest.raises(ValueError, match=r"vc_grouping: params\.v\.data is null"):
-        ext.vc_grouping(True, 1, 10, 1, 128, null, 0, 0, 0, 0)
+        ext.vc_grouping(grouping, 0)
+    prep = ext.VcPrepareParams()
+    prep.batch = prep.seqlen_q = prep.seqlen_k = prep.heads = 1
     with pytest.raises(ValueError, match=r"vc_prepare: params\.q\.data is null"):
-        ext.vc_prepare(True, 1, 1, 1, 1, 128, null, null, null, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        ext.vc_prepare(prep, 0)
+    attn = ext.VcAttentionParams()
+    attn.in_.batch = attn.in_.seqlen_q = attn.in_.seqlen_k = attn.in_.heads = 1
+    for name in ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed"):
+        setattr(attn.in_, name, 16)
+    attn.block_mean_scaled = attn.out = 16   # v_channel_descale stays null
     with pytest.raises(ValueError, match="v_channel_descale"):
-        ext.attention_vc_fp8(1, 1, 1, 1, 128, 16, 16, 16, 16, 16, 0, 16, 16, 0, 0, 0, 0, 0.0, 0)
+        ext.attention_vc_fp8(attn, 0)
     assert ext.vc_grouping_workspace_bytes(1, 56, 73397) > ext.vc_grouping_workspace_bytes(1, 56, 7000) > 0
     assert ext.vc_grouping_workspace_bytes(1, 2, 100, 64) == 0
     assert ext.vc_prepare_workspace_bytes(2, 3) == 2 * 3 * 128 * 4

@@ -18,15 +18,11 @@ import numpy as np
 import pytest
 
 import open_vc_attn
-from open_vc_attn import reference as ref, video_inputs
+from open_vc_attn import reference as ref
+from helpers import cpu_qkv, torch_qkv
 
 REPO_PYTHON = pathlib.Path(__file__).resolve().parents[2] / "python"
 PACKED_KEY_ORDER = [0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15]   # openvc::kPackedKeyOrder
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +46,6 @@ def test_import_does_not_need_torch():
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-
-def video_qkv(torch, b, s, h, dtype="bfloat16", seed=0, device="cuda"):
-    """Synthetic video-like q, k, v [B, S, H, 128] (sink keys, V outliers) as torch tensors (exact)."""
-    p = video_inputs.generate(frames=max(1, -(-s // 128)), height=8, width=16, seqlen=s, batch=b, heads=h,
-                              head_dim=128, seed=seed, dtype=dtype)
-    tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-    return tuple(torch.from_numpy(np.ascontiguousarray(x)).to(device, tdt) for x in (p.q, p.k, p.v))
 
 
 def bytes_equal(torch, a, b):
@@ -111,28 +100,24 @@ class FakeWorld:
 
 # ---- argument checks (CPU tensors: everything but the device is checked first) ---------------------------
 
-def cpu_qkv(torch, b=1, s=256, h=4, d=128, dtype=None):
-    dtype = dtype or torch.bfloat16
-    return tuple(torch.zeros(b, s, h, d, dtype=dtype) for _ in range(3))
-
 
 def test_error_heads_not_divisible(torch, par, monkeypatch):
     monkeypatch.setattr(par, "_group_info", lambda group: (3, 0))
     with pytest.raises(ValueError, match=r"^q: the head count H = 4 must be divisible by the world size N = 3"):
-        par.ulysses_attention(*cpu_qkv(torch, h=4))
+        par.ulysses_attention(*cpu_qkv(torch, (1, 256, 4, 128)))
 
 
 def test_error_fp8_shard_not_multiple_of_128(torch, par, monkeypatch):
     monkeypatch.setattr(par, "_group_info", lambda group: (2, 0))
     with pytest.raises(ValueError, match=r"^fp8_all_to_all: .*S/N = 200.*fp8_all_to_all=False"):
-        par.ulysses_attention(*cpu_qkv(torch, s=200), fp8_all_to_all=True)
+        par.ulysses_attention(*cpu_qkv(torch, (1, 200, 4, 128)), fp8_all_to_all=True)
     with pytest.raises(ValueError, match="expected a CUDA tensor"):   # the BF16 path takes any length
-        par.ulysses_attention(*cpu_qkv(torch, s=200), fp8_all_to_all=False)
+        par.ulysses_attention(*cpu_qkv(torch, (1, 200, 4, 128)), fp8_all_to_all=False)
 
 
 def test_error_other_arguments(torch, par, monkeypatch):
     monkeypatch.setattr(par, "_group_info", lambda group: (1, 0))
-    q, k, v = cpu_qkv(torch)
+    q, k, v = cpu_qkv(torch, (1, 256, 4, 128))
     with pytest.raises(TypeError, match="^fp8_all_to_all: expected a bool"):
         par.ulysses_attention(q, k, v, fp8_all_to_all=1)
     with pytest.raises(TypeError, match="^return_lse: expected a bool"):
@@ -146,7 +131,7 @@ def test_error_other_arguments(torch, par, monkeypatch):
     with pytest.raises(ValueError, match="^v: expected the shape of k"):
         par.ulysses_attention(q, k, v[:, :128])
     with pytest.raises(ValueError, match="^q: head_dim 64 is not supported"):
-        par.ulysses_attention(*cpu_qkv(torch, d=64))
+        par.ulysses_attention(*cpu_qkv(torch, (1, 256, 4, 64)))
     with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # the device comes last
         par.ulysses_attention(q, k, v)
 
@@ -156,7 +141,7 @@ def test_error_not_initialized(torch, par):
     if dist.is_available() and dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
-        par.ulysses_attention(*cpu_qkv(torch))
+        par.ulysses_attention(*cpu_qkv(torch, (1, 256, 4, 128)))
 
 
 # ---- all-to-all layouts over simulated ranks (CPU) ------------------------------------------------------
@@ -211,7 +196,7 @@ def test_sharded_v_quantization_matches_reference(torch, par, dtype):
     """Shards' amax, max-combined (what the all-reduce does), then the cast: the reference's codes and
     descales of the whole sequence; then the packed layout."""
     b, s, h, n = 2, 512, 3, 4
-    _, _, v = video_qkv(torch, b, s, h, dtype=dtype, device="cpu")
+    _, _, v = torch_qkv(torch, b, s, h, dtype=dtype, device="cpu")
     v[0, :, 2] = 0.0                                   # amax 0: scale 0, descale 0
     v[1, 5, 1, :4] = torch.tensor([1e-30, -1e-30, 0.0, -0.0], dtype=v.dtype)   # underflow keeps the sign
     sl = s // n
@@ -311,7 +296,7 @@ def group(torch, par, tmp_path_factory):
 @pytest.mark.parametrize("b", [1, 2])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_ulysses_world1_equals_attention(torch, par, group, b, fp8):
-    q, k, v = video_qkv(torch, b, 1024, 4, seed=b)
+    q, k, v = torch_qkv(torch, b, 1024, 4, seed=b)
     want, want_lse = open_vc_attn.attention(q, k, v, return_lse=True)
     out = par.ulysses_attention(q, k, v, group=group, fp8_all_to_all=fp8)
     assert bytes_equal(torch, out, want)
@@ -322,7 +307,7 @@ def test_ulysses_world1_equals_attention(torch, par, group, b, fp8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
 def test_ulysses_world1_options_fp16_rank3(torch, par, group, fp8):
-    q, k, v = video_qkv(torch, 1, 1024, 4, dtype="float16", seed=7)
+    q, k, v = torch_qkv(torch, 1, 1024, 4, dtype="float16", seed=7)
     k, v = k[:, :768].contiguous(), v[:, :768].contiguous()            # cross-attention: Sk != Sq
     opts = dict(softmax_scale=0.05, mid_window_blocks=None, return_lse=True)
     want, want_lse = open_vc_attn.attention(q, k, v, **opts)
@@ -334,13 +319,13 @@ def test_ulysses_world1_options_fp16_rank3(torch, par, group, fp8):
 
 @pytest.mark.gpu
 def test_ulysses_world1_bf16_path_any_length(torch, par, group):
-    q, k, v = video_qkv(torch, 2, 1000, 4, seed=3)
+    q, k, v = torch_qkv(torch, 2, 1000, 4, seed=3)
     assert bytes_equal(torch, par.ulysses_attention(q, k, v, group=group), open_vc_attn.attention(q, k, v))
 
 
 @pytest.mark.gpu
 def test_ulysses_world1_fp8_error_on_partial_block(torch, par, group):
-    q, k, v = video_qkv(torch, 1, 1000, 4)
+    q, k, v = torch_qkv(torch, 1, 1000, 4)
     with pytest.raises(ValueError, match=r"^fp8_all_to_all: .*S/N = 1000.*fp8_all_to_all=False"):
         par.ulysses_attention(q, k, v, group=group, fp8_all_to_all=True)
 
@@ -350,7 +335,7 @@ def test_ulysses_world1_fp8_error_on_partial_block(torch, par, group):
 @pytest.mark.parametrize("special", [False, True])
 def test_torch_v_quantization_matches_prepare_kernel(torch, par, dtype, special):
     """The V codes and descales built with torch ops (CUDA) equal prepare_fp8's, padding included."""
-    q, k, v = video_qkv(torch, 2, 1000, 3, dtype=dtype, seed=5)
+    q, k, v = torch_qkv(torch, 2, 1000, 3, dtype=dtype, seed=5)
     v[1, :, 0] = 0.0
     if special:   # NaN is skipped by the amax and encodes as 0x7F; an infinite amax gives scale 0
         v[0, 17, 1, 3] = float("nan")
@@ -367,7 +352,7 @@ def test_merge_of_key_halves_close_to_full_attention(torch, par):
     """Two openvc attentions over keys [0, S/2) and [S/2, S), merged, against one over all keys: close,
     not equal, since ExpCast codes depend on the running row maximum (docs/numerics.md section 3)."""
     s = 1024
-    q, k, v = video_qkv(torch, 1, s, 4, seed=11)
+    q, k, v = torch_qkv(torch, 1, s, 4, seed=11)
     full, full_lse = open_vc_attn.attention(q, k, v, return_lse=True)
     oa, la = par.attention_with_lse(q, k[:, :s // 2], v[:, :s // 2])
     ob, lb = par.attention_with_lse(q, k[:, s // 2:], v[:, s // 2:])

@@ -17,6 +17,8 @@ import importlib
 import math
 from typing import Callable, Optional
 
+from .._layout import DEFAULT_MID_WINDOW_BLOCKS
+
 # name -> (kind, label, scopes). Order = order of the report's tables.
 BACKENDS = {
     "open-vc": ("ours", "openvc FP8 ExpCast", ("attention", "complete")),
@@ -119,7 +121,7 @@ def available(name: str) -> tuple:
     return "ok", None
 
 
-def build_open_vc(inp, scope, mid_window_blocks=4):
+def build_open_vc(inp, scope, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS):
     prepare_fp8, attention_fp8, attention = _openvc("prepare_fp8", "attention_fp8", "attention")
     q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
     params = {"mid_window_blocks": mid_window_blocks}
@@ -131,7 +133,7 @@ def build_open_vc(inp, scope, mid_window_blocks=4):
                  _first_out, params=params)
 
 
-def build_open_vc_repair(inp, scope, repair_budget=0.005, mid_window_blocks=4):
+def build_open_vc_repair(inp, scope, repair_budget=0.005, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS):
     """open_vc_attn.repair: the attention scope times attention_v_repair on a prepared input (FP8
     preparation + selection + repair rows done once); the complete scope times both per call."""
     try:
@@ -300,7 +302,8 @@ def build_cudnn_fp8(inp, scope):
     return built
 
 
-def build(name, inp, scope, *, repair_budget=None, mid_window_blocks=4) -> Built:
+def build(name, inp, scope, *, repair_budget=None,
+          mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS) -> Built:
     if name == "open-vc":
         return build_open_vc(inp, scope, mid_window_blocks)
     if name == "open-vc-repair":

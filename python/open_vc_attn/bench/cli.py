@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from .._layout import DEFAULT_MID_WINDOW_BLOCKS
 from . import harness, record
 
 # Token grid used by "sweep" (Wan 720p frames): frames = ceil(S / 3600), truncated to S tokens.
@@ -341,7 +342,7 @@ def _bench_parser():
                    help="measure accuracy on this many evenly spaced query rows (0: all rows)")
     p.add_argument("--gen-heads", type=int, default=7, help="distinct generated heads, tiled (0: all)")
     p.add_argument("--repair-budgets", default="0.005", help="comma list for open-vc-repair")
-    p.add_argument("--mid-window-blocks", type=int, default=4)
+    p.add_argument("--mid-window-blocks", type=int, default=DEFAULT_MID_WINDOW_BLOCKS)
     p.add_argument("--git-commit", help="commit to record when the tree has no .git (e.g. a copy)")
     p.add_argument("--time-budget-s", type=float, help="skip the cases left once this much time has passed")
     p.add_argument("--dry-run", action="store_true", help="print the cases and exit (no torch)")

@@ -15,6 +15,8 @@ Method (docs: what every number in a record means):
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import math
 import random
 import statistics
@@ -96,6 +98,57 @@ def input_bytes(q, k, v) -> int:
     return sum(x.numel() * x.element_size() for x in (q, k, v)) + q.numel() * q.element_size()
 
 
+def eager_ms(fn, calls=1) -> float:
+    """Milliseconds per call of exactly `calls` back-to-back eager calls between two CUDA events on the
+    current stream (exact call counts: safe with collectives, where every rank must call alike)."""
+    torch = _torch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def median_ms(fn, rounds=10, *, use_graph=True, target_ms=20.0) -> float:
+    """Milliseconds per call of fn, measured as the benchmark does (a warmed-up :class:`Timer`: a CUDA graph
+    of R calls lasting >= target_ms, or eager when capture fails or use_graph is False): the median of
+    `rounds` samples. For examples and device scripts that time one function."""
+    timer = Timer(fn, target_ms=target_ms, use_graph=use_graph)
+    try:
+        return median([timer.sample() for _ in range(rounds)])
+    finally:
+        timer.release()
+
+
+class PhaseTimer:
+    """``with timer(name): ...`` records a CUDA event pair around the block on the current stream;
+    :meth:`totals_ms` syncs and sums each name's pairs. For phase breakdowns of one call (the phases
+    enqueue asynchronously, so the events, not the host clock, measure them)."""
+
+    def __init__(self):
+        self.pairs = collections.defaultdict(list)
+
+    def __call__(self, name):
+        torch = _torch()
+
+        @contextlib.contextmanager
+        def phase():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self.pairs[name].append((start, end))
+        return phase()
+
+    def totals_ms(self) -> dict:
+        _torch().cuda.synchronize()
+        return {name: sum(s.elapsed_time(e) for s, e in pairs) for name, pairs in self.pairs.items()}
+
+
 class L2Flusher:
     """Writes a 256 MB buffer (5x the H200's 50 MB L2) so that the next call starts with a cold L2."""
 
@@ -144,14 +197,7 @@ class Timer:
         torch.cuda.synchronize()
 
     def _eager_ms(self, n):
-        torch = _torch()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            self.fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / n
+        return eager_ms(self.fn, n)
 
     def _capture(self):
         torch = _torch()

@@ -1,0 +1,637 @@
+"""Argument rules of open_vc_attn's GPU functions and custom ops, in one place (torch-free import).
+
+Plain Python over tensor metadata, so torch.compile traces them into guards, and the ops' fake
+implementations run the same checks as the CUDA ones. A bad argument raises TypeError (wrong kind) or
+ValueError (wrong value) whose message starts with the argument's name. The device is checked last, so
+every other rule can be exercised with CPU or meta tensors. Sizes and layouts come from
+:mod:`open_vc_attn._layout`. Used by api, ops, repair, baselines and parallel.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+from ._layout import (FP8_LAYOUTS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
+                      PREPARE_HEAD_DIMS, VC_NAMES, VERSIONS, fp8_expectations, repair_expectations,
+                      varlen_expectations, vc_expectations)
+
+
+# ---- inputs of the public functions -----------------------------------------------------------------------
+
+def import_torch():
+    import torch
+    return torch
+
+
+def shape_of(x) -> tuple:
+    return tuple(int(s) for s in x.shape)
+
+
+def require_instance(x, cls, name, what):
+    """x must be a `cls` (for the prepared objects, whose classes live with the functions that make them)."""
+    if not isinstance(x, cls):
+        raise TypeError(f"{name}: expected {what}, got {type(x).__name__}")
+
+
+def require_tensors(q, k, v):
+    torch = import_torch()
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(x).__name__}")
+
+
+def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
+    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
+    The device comes last, so that every other check can be exercised with CPU tensors."""
+    torch = import_torch()
+    require_tensors(q, k, v)
+    rank = q.dim()
+    if rank not in (3, 4):
+        raise ValueError(f"q: expected rank 4 [B, Sq, H, D] or rank 3 [Sq, H, D], got shape {shape_of(q)}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dim() != rank and not (rank == 3 and x.dim() == 4):
+            raise ValueError(f"{name}: expected rank {rank} like q ([B, Sk, H, D]"
+                             f"{' or [Sk, H, D]' if rank == 3 else ''}), got shape {shape_of(x)}")
+    q4 = q.unsqueeze(0) if rank == 3 else q
+    k4 = k.unsqueeze(0) if k.dim() == 3 else k
+    v4 = v.unsqueeze(0) if v.dim() == 3 else v
+    if k4.shape[0] != q4.shape[0]:
+        raise ValueError(f"k: expected batch {q4.shape[0]} like q"
+                         f"{' (rank-3 q is one sequence)' if rank == 3 else ''}, got shape {shape_of(k)}")
+    if k4.shape[2] != q4.shape[2]:
+        raise ValueError(f"k: expected {q4.shape[2]} heads like q, got shape {shape_of(k)}: GQA/MQA (unequal "
+                         "head counts) is not supported; repeat k and v's heads to q's head count")
+    if k4.shape[3] != q4.shape[3]:
+        raise ValueError(f"k: expected head_dim {q4.shape[3]} like q, got shape {shape_of(k)}")
+    if v4.shape != k4.shape:
+        raise ValueError(f"v: expected the shape of k {shape_of(k)}, got {shape_of(v)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"q: expected dtype torch.bfloat16 or torch.float16, got {q.dtype}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} like q (mixed dtypes are not supported), got {x.dtype}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.numel() == 0:
+            raise ValueError(f"{name}: expected non-empty dims (at least one batch, token and head), got shape "
+                             f"{shape_of(x)}")
+        for size in x.shape:
+            if size > INT_MAX:
+                raise ValueError(f"{name}: dims must be < 2^31 (C++ ints), got shape {shape_of(x)}")
+    if q4.shape[3] not in head_dims:
+        raise ValueError(f"q: head_dim {q4.shape[3]} is not supported: {caller} takes "
+                         f"{' or '.join(str(d) for d in head_dims)}, got shape {shape_of(q)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only "
+                             "(detach it, or call under torch.no_grad() / torch.inference_mode())")
+    for name, x in (("q", q4), ("k", k4), ("v", v4)):
+        check_token_strides(name, x)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got device {x.device}")
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} like q, got {x.device}")
+    return q4, k4, v4, rank
+
+
+def check_token_strides(name, x):
+    """Head dim contiguous; the other strides are free but must be multiples of 8 elements (16 bytes),
+    as the kernels load 16-byte vectors. Strides of size-1 dims never matter and are not checked."""
+    strides = x.stride()
+    if x.shape[3] > 1 and strides[3] != 1:
+        raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(strides)}; "
+                         "call .contiguous() first (openvc never copies silently)")
+    for axis, what in ((0, "batch"), (1, "sequence"), (2, "head")):
+        if x.shape[axis] > 1 and strides[axis] % 8 != 0:
+            raise ValueError(f"{name}: the {what} stride must be a multiple of 8 elements (16 bytes) for the "
+                             f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
+
+
+def check_fp8_tensors(tensors, prefix, sizes=None):
+    """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
+    sizes = (B, Sq, Sk, H, D) when given; returns (B, Sq, Sk, H, D). prefix names them in messages."""
+    torch = import_torch()
+    names = FP8_NAMES
+    for name, x in zip(names, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{prefix}{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if sizes is None:
+        qc, kc = tensors[0], tensors[2]
+        if qc.dim() != 4 or kc.dim() != 4:
+            bad = ("q_codes", qc) if qc.dim() != 4 else ("k_codes", kc)
+            raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {shape_of(bad[1])}")
+        sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
+    b, sq, sk, h, d = sizes
+    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d), tensors, prefix, sizes)
+    if min(sizes) < 1 or max(sizes) > INT_MAX:
+        raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
+    check_one_cuda_device(names, tensors, prefix)
+    return b, sq, sk, h, d
+
+
+def check_fixed_layouts(expectations, tensors, prefix, sizes):
+    """Each tensor against its (name, shape, dtype) expectation: dtype, shape, contiguity (the kernels'
+    fixed layouts), no grad. sizes (B, Sq, Sk, H, D) only name the shapes in messages."""
+    torch = import_torch()
+    b, sq, sk, h, d = sizes
+    for (name, shape, dtype), x in zip(expectations, tensors):
+        if x.dtype != getattr(torch, dtype):
+            raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{prefix}{name}: expected shape {tuple(shape)} for B={b} Sq={sq} Sk={sk} H={h} "
+                             f"D={d}, got {shape_of(x)}")
+        if not x.is_contiguous():
+            raise ValueError(f"{prefix}{name}: expected a contiguous tensor (the kernel's fixed layout), got "
+                             f"strides {tuple(x.stride())} for shape {shape_of(x)}")
+        if x.requires_grad:
+            raise ValueError(f"{prefix}{name}: requires_grad=True is not supported: openvc is inference-only")
+
+
+def check_one_cuda_device(names, tensors, prefix):
+    """Every tensor on the first one's CUDA device. Checked last, so the other checks also work on CPU
+    and meta tensors (fake implementations, error tests)."""
+    dev = tensors[0].device
+    for name, x in zip(names, tensors):
+        if x.device.type != "cuda" or x.device != dev:
+            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
+
+
+def prepared_meta(prepared) -> dict:
+    """Sizes, input rank and dtype of a prepared object (PreparedFP8, PreparedVC), checked: the ints
+    batch, seqlen_q, seqlen_k, heads, head_dim and input_rank as a dict."""
+    torch = import_torch()
+    meta = {}
+    for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
+        val = getattr(prepared, field)
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
+            raise ValueError(f"prepared.{field}: expected an int >= 1, got {val!r}")
+        meta[field] = int(val)
+    if meta["input_rank"] not in (3, 4) or (meta["input_rank"] == 3 and meta["batch"] != 1):
+        raise ValueError(f"prepared.input_rank: expected 4, or 3 with batch 1, got {meta['input_rank']} "
+                         f"(batch {meta['batch']})")
+    if prepared.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"prepared.dtype: expected torch.bfloat16 or torch.float16, got {prepared.dtype}")
+    return meta
+
+
+def check_prepared_fp8(prepared):
+    """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype and the
+    six tensors; returns prepared_meta's dict."""
+    if prepared.is_varlen:
+        raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
+                         "attention_fp8, which takes batched [B, S, H, D] preparations only; attend packed "
+                         "sequences with open_vc_attn.attention(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...)")
+    meta = prepared_meta(prepared)
+    if meta["head_dim"] not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
+    sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
+    check_fp8_tensors(prepared.tensors(), "prepared.", sizes)
+    return meta
+
+
+def check_quantized(tensors, input_rank, dtype):
+    """PreparedFP8.from_quantized: returns (rank-4 uint8 views, PreparedFP8's other fields). Checks in the
+    order kind, dtype, rank, sizes, layout, device (last, as in check_tokens, so that every other check can
+    be exercised with CPU or meta tensors)."""
+    torch = import_torch()
+    names = FP8_NAMES
+    if isinstance(input_rank, bool) or not isinstance(input_rank, numbers.Integral) or input_rank not in (3, 4):
+        raise ValueError(f"input_rank: expected 4 ([B, S, H, D] tensors) or 3 (one sequence: the same without "
+                         f"the batch axis), got {input_rank!r}")
+    input_rank = int(input_rank)
+    if dtype is None:
+        dtype = torch.bfloat16
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected None, torch.bfloat16 or torch.float16 (the dtype of the inputs before "
+                         f"quantization), got {dtype!r}")
+    for name, x in zip(names, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    for name, x in zip(names, tensors):
+        if name.endswith("descale"):
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name}: expected dtype torch.float32, got {x.dtype}")
+        elif x.dtype != torch.uint8 and (fp8 is None or x.dtype != fp8):
+            raise TypeError(f"{name}: expected dtype torch.uint8 or torch.float8_e4m3fn (E4M3 codes), got {x.dtype}")
+    drop = 4 - input_rank   # rank 3: no batch axis
+    layouts = [lay.replace("B, ", "") if drop else lay for lay in FP8_LAYOUTS]
+    for name, x, lay in zip(names, tensors, layouts):
+        want = lay.count(",") + 1
+        if x.dim() != want:
+            raise ValueError(f"{name}: expected rank {want} {lay} (input_rank={input_rank}), got shape {shape_of(x)}")
+    t4 = [x.unsqueeze(0) if drop else x for x in tensors]
+    qc, kc = t4[0], t4[2]
+    b, sq, h, d = (int(n) for n in qc.shape)
+    bk, sk, hk, dk = (int(n) for n in kc.shape)
+    if min(b, sq, h, d) < 1 or min(sk, hk, dk) < 1:
+        bad = ("q_codes", tensors[0]) if min(b, sq, h, d) < 1 else ("k_codes", tensors[2])
+        raise ValueError(f"{bad[0]}: expected non-empty dims, got shape {shape_of(bad[1])}")
+    if max(b, sq, sk, h, d) > INT_MAX:
+        raise ValueError(f"q_codes: sizes B, Sq, Sk, H, D must be < 2^31, got {(b, sq, sk, h, d)}")
+    if bk != b:
+        raise ValueError(f"k_codes: expected batch {b} like q_codes, got shape {shape_of(tensors[2])}")
+    if hk != h:
+        raise ValueError(f"k_codes: expected {h} heads like q_codes (GQA/MQA is not supported), got shape "
+                         f"{shape_of(tensors[2])}")
+    if dk != d:
+        raise ValueError(f"k_codes: expected head_dim {d} like q_codes, got shape {shape_of(tensors[2])}")
+    if d not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
+                         f"{shape_of(tensors[0])}")
+    sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h} D={d}"
+    for (name, shape, _), x, lay in zip(fp8_expectations(b, sq, sk, h, d), tensors, layouts):
+        want = tuple(shape[drop:])
+        if shape_of(x) != want:
+            hint = (" (the packed V layout of prepare_fp8; token-major [B, Sk, H, D] V codes are not accepted)"
+                    if name == "v_packed" else "")
+            raise ValueError(f"{name}: expected shape {want} = {lay} for {sizes_txt}{hint}, got {shape_of(x)}")
+    for name, x in zip(names, tensors):
+        if not x.is_contiguous():
+            hint = (" (a permuted view of token-major V codes is not the packed layout)" if name == "v_packed"
+                    else "")
+            raise ValueError(f"{name}: expected a contiguous tensor (the kernel's fixed layout){hint}, got strides "
+                             f"{tuple(x.stride())} for shape {shape_of(x)}")
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
+    dev = tensors[0].device
+    if dev.type != "cuda":
+        raise ValueError(f"q_codes: expected a CUDA tensor, got device {dev}")
+    for name, x in zip(names[1:], tensors[1:]):
+        if x.device != dev:
+            raise ValueError(f"{name}: expected a CUDA tensor on q_codes's device {dev}, got {x.device}")
+    t4 = [x.view(torch.uint8) if x.dtype != torch.uint8 and x.dtype != torch.float32 else x for x in t4]
+    check_fp8_tensors(t4, "", (b, sq, sk, h, d))   # the layout attention_fp8 checks again
+    return t4, dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=input_rank, dtype=dtype)
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Checks the packed-sequence arguments of prepare_fp8 (q, k, v [total, H, D]) and returns the sequence
+    count. The offsets are never read: no device-to-host copy, so the call stays graph-capturable."""
+    torch = import_torch()
+    cus = (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    for name, cu in cus:
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected an int32 CUDA tensor of N + 1 offsets (packed sequences need both "
+                            f"cu_seqlens_q and cu_seqlens_k), got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name}: expected a 1-D tensor of N + 1 >= 2 offsets, got shape {shape_of(cu)}")
+        if not cu.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got stride {tuple(cu.stride())}")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"cu_seqlens_k: expected {cu_seqlens_q.shape[0]} offsets like cu_seqlens_q (one per "
+                         f"sequence, plus one), got {cu_seqlens_k.shape[0]}")
+    nseq = int(cu_seqlens_q.shape[0]) - 1
+    if nseq > INT_MAX:
+        raise ValueError(f"cu_seqlens_q: at most 2^31 - 1 sequences, got {nseq}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        # torch.SymInt: the fake implementation of the op under torch.compile with dynamic shapes.
+        if m is None or isinstance(m, bool) or not isinstance(m, (numbers.Integral, torch.SymInt)):
+            raise TypeError(f"{name}: expected a Python int >= 1 with cu_seqlens (the longest sequence, or an "
+                            f"upper bound; it is never computed from the device offsets), got {type(m).__name__}")
+        if not 1 <= m <= INT_MAX:
+            raise ValueError(f"{name}: expected an int in [1, 2^31), got {m}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if isinstance(x, torch.Tensor) and x.dim() != 3:
+            total = "total_q" if name == "q" else "total_k"
+            raise ValueError(f"{name}: packed sequences (cu_seqlens) need rank 3 [{total}, H, D], got shape "
+                             f"{shape_of(x)}")
+    check_tokens(q, k, v)     # dtypes, heads, head dim, strides, q's device
+    for name, cu in cus:
+        if cu.device != q.device:
+            raise ValueError(f"{name}: expected a CUDA tensor on q's device {q.device}, got {cu.device}")
+    return nseq
+
+
+def softmax_scale(x) -> float:
+    if x is None:
+        return 0.0   # the C++ default: 1/sqrt(D)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"softmax_scale: expected None or a float > 0, got {type(x).__name__}")
+    x = float(x)
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"softmax_scale: expected None or a finite float > 0, got {x}")
+    return x
+
+
+def mid_window(x) -> int:
+    if x is None:
+        return NATURAL_ORDER
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"mid_window_blocks: expected None (natural order) or an int >= 0, got {type(x).__name__}")
+    if not 0 <= x <= INT_MAX:
+        raise ValueError(f"mid_window_blocks: expected None (natural order) or an int in [0, 2^31), got {x}")
+    return int(x)
+
+
+def bool_arg(x, name) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+    return x
+
+
+def return_lse(x) -> bool:
+    return bool_arg(x, "return_lse")
+
+
+def version(version, mode) -> str:
+    """Checks version and mode; returns the version ("open-vc" or "reference")."""
+    modes = sorted(set(VERSIONS.values()))
+    for name, x, allowed in (("version", version, sorted(VERSIONS)), ("mode", mode, modes)):
+        if not isinstance(x, str):
+            raise TypeError(f"{name}: expected a str, one of {allowed}, got {type(x).__name__}")
+        if x not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {x!r}")
+    if VERSIONS[version] != mode:
+        raise ValueError(f"mode: version={version!r} runs mode={VERSIONS[version]!r} only, got mode={mode!r} "
+                         "(FP8 ExpCast is version='open-vc', mode='expcast'; the BF16 SDPA baseline is "
+                         "version='reference', mode='bf16')")
+    return version
+
+
+def check_general_grid(batch, heads, names, packed=False):
+    """The general path's grid: batch (or the sequence count, packed) and heads are CUDA grid dimensions
+    y/z, at most 65535 each. names: (what names the batch, what names the heads) in the message."""
+    what = "sequences" if packed else "batches"
+    for name, n, kind in ((names[0], batch, what), (names[1], heads, "heads")):
+        if n > GRID_LIMIT:
+            raise ValueError(f"{name}: the general path (causal, packed sequences or head_dim 64) takes at most "
+                             f"{GRID_LIMIT} {kind} (a CUDA grid dimension), got {n}; split the call along {kind}")
+
+
+# ---- the custom ops' own arguments (open_vc_attn.ops; checked in the CUDA and the fake implementation) -------
+
+def check_op_scalars(softmax_scale, mid_window_blocks=NATURAL_ORDER):
+    """The ops' scalar conventions: softmax_scale <= 0 means 1/sqrt(D), mid_window_blocks -1 natural order."""
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale: expected a finite float (<= 0: 1/sqrt(D)), got {softmax_scale}")
+    if not NATURAL_ORDER <= mid_window_blocks <= INT_MAX:
+        raise ValueError(f"mid_window_blocks: expected -1 (natural order) or an int in [0, 2^31), got "
+                         f"{mid_window_blocks}")
+
+
+def check_rank4_tokens(op, q, k, v):
+    """q, k, v of a preparing op: rank-4 [B, S, H, D], then the rules of check_tokens."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name}: open_vc_attn::{op} takes rank-4 [B, S, H, D] tensors, got shape {shape_of(x)}")
+    check_tokens(q, k, v)
+
+
+def check_fast_op_args(tensors, softmax_scale, mid_window_blocks):
+    """open_vc_attn::attention_fp8 (and its repair variant): a batched preparation with head_dim 128."""
+    b, sq, sk, h, d = check_fp8_tensors(tensors, "")
+    if d != KERNEL_HEAD_DIM:
+        raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim {KERNEL_HEAD_DIM} only, "
+                         f"got {d} (open_vc_attn::attention_general takes 64)")
+    check_op_scalars(softmax_scale, mid_window_blocks)
+    return b, sq, sk, h, d
+
+
+def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
+    """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k); returns (N, total_q, total_k, H, D)."""
+    torch = import_torch()
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected an int32 tensor of N + 1 offsets (packed sequences need both), got "
+                            f"{type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: expected dtype torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2 or not cu.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous 1-D tensor of N + 1 >= 2 offsets, got shape "
+                             f"{shape_of(cu)}")
+    if cu_k.shape[0] != cu_q.shape[0]:
+        raise ValueError(f"cu_seqlens_k: expected {cu_q.shape[0]} offsets like cu_seqlens_q, got {cu_k.shape[0]}")
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if not 1 <= m <= INT_MAX:
+            raise ValueError(f"{name}: expected an int in [1, 2^31) with cu_seqlens, got {m}")
+    for name, x in zip(FP8_NAMES, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    for name, x in (("q_codes", tensors[0]), ("k_codes", tensors[2])):
+        if x.dim() != 3:
+            raise ValueError(f"{name}: packed sequences need rank 3 [total, H, D], got shape {shape_of(x)}")
+    n = cu_q.shape[0] - 1
+    total_q, h, d = tensors[0].shape
+    total_k = tensors[2].shape[0]
+    for (name, want, dtype), x in zip(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k), tensors):
+        if x.dtype != getattr(torch, dtype):
+            raise TypeError(f"{name}: expected dtype torch.{dtype}, got {x.dtype}")
+        if tuple(x.shape) != tuple(want):
+            raise ValueError(f"{name}: expected shape {tuple(want)} for N={n} H={h} D={d} max_seqlen_q={max_q} "
+                             f"max_seqlen_k={max_k}, got {shape_of(x)}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(x.stride())}")
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
+    if d not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
+                         f"{shape_of(tensors[0])}")
+    if min(total_q, total_k, h) < 1:
+        raise ValueError(f"q_codes, k_codes: expected non-empty dims, got total_q={total_q} total_k={total_k} H={h}")
+    check_one_cuda_device((*FP8_NAMES, "cu_seqlens_q", "cu_seqlens_k"), (*tensors, cu_q, cu_k), "")
+    return n, total_q, total_k, h, d
+
+
+def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks):
+    """open_vc_attn::attention_general; returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
+    (N, total_q, total_k, H, D) packed."""
+    check_op_scalars(softmax_scale, mid_window_blocks)
+    if cu_q is None and cu_k is None:
+        sizes = check_fp8_tensors(tensors, "")
+        if sizes[4] not in PREPARE_HEAD_DIMS:
+            raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
+        packed = False
+    else:
+        sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k), True
+    check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
+    return packed, sizes
+
+
+# ---- VC-Attention baseline (open_vc_attn.baselines, ops.vc) -------------------------------------------------
+
+def check_vc_v(v, name="v"):
+    """v of vc_grouping: rank 4 [B, S, H, 128] or 3 [S, H, 128], BF16/FP16, CUDA; returns (rank-4 view, rank)."""
+    torch = import_torch()
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(v).__name__}")
+    if v.dim() not in (3, 4):
+        raise ValueError(f"{name}: expected rank 4 [B, S, H, D] or rank 3 [S, H, D], got shape {shape_of(v)}")
+    v4 = v.unsqueeze(0) if v.dim() == 3 else v
+    if v.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"{name}: expected dtype torch.bfloat16 or torch.float16, got {v.dtype}")
+    if v.numel() == 0:
+        raise ValueError(f"{name}: expected non-empty dims, got shape {shape_of(v)}")
+    if max(v.shape) > INT_MAX:
+        raise ValueError(f"{name}: dims must be < 2^31 (C++ ints), got shape {shape_of(v)}")
+    if v4.shape[3] != KERNEL_HEAD_DIM:
+        raise ValueError(f"{name}: head_dim {v4.shape[3]} is not supported: the VC baseline takes "
+                         f"{KERNEL_HEAD_DIM}, got shape {shape_of(v)}")
+    if v.requires_grad:
+        raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
+    check_token_strides(name, v4)
+    if v.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {v.device}")
+    return v4, v.dim()
+
+
+def check_vc_qkv(q, k, v):
+    """q, k, v as in prepare_fp8, head_dim 128 only; returns rank-4 views and q's rank."""
+    torch = import_torch()
+    if isinstance(q, torch.Tensor) and q.dim() in (3, 4) and q.shape[-1] != KERNEL_HEAD_DIM:
+        raise ValueError(f"q: head_dim {q.shape[-1]} is not supported: the VC baseline takes "
+                         f"{KERNEL_HEAD_DIM}, got shape {shape_of(q)}")
+    return check_tokens(q, k, v, head_dims=(KERNEL_HEAD_DIM,), caller="prepare_vc")
+
+
+def check_vc_tensors(tensors, prefix, sizes=None):
+    """The seven VC-prepared tensors against each other (sizes from q_codes and k_codes) or against
+    sizes = (B, Sq, Sk, H, D); returns the sizes."""
+    torch = import_torch()
+    for name, x in zip(VC_NAMES, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{prefix}{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if sizes is None:
+        qc, kc = tensors[0], tensors[2]
+        for name, x in (("q_codes", qc), ("k_codes", kc)):
+            if x.dim() != 4:
+                raise ValueError(f"{prefix}{name}: expected rank 4 [B, S, H, D], got shape {shape_of(x)}")
+        sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
+    b, sq, sk, h, d = sizes
+    if min(sizes) < 1 or max(sizes) > INT_MAX:
+        raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
+    if d != KERNEL_HEAD_DIM:
+        raise ValueError(f"{prefix}q_codes: the VC baseline supports head_dim {KERNEL_HEAD_DIM} only, got {d}")
+    check_fixed_layouts(vc_expectations(b, sq, sk, h, d), tensors, prefix, sizes)
+    check_one_cuda_device(VC_NAMES, tensors, prefix)
+    return b, sq, sk, h, d
+
+
+def check_permutation(perm, k, name="permutation"):
+    """int32 [B, H, Sk] contiguous on k's device (k rank 4). Values are not read (no synchronization)."""
+    torch = import_torch()
+    b, sk, h = k.shape[0], k.shape[1], k.shape[2]
+    if not isinstance(perm, torch.Tensor):
+        raise TypeError(f"{name}: expected an int32 torch.Tensor [B, H, Sk] from vc_grouping, got "
+                        f"{type(perm).__name__}")
+    if perm.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32 (from vc_grouping), got {perm.dtype}")
+    if tuple(perm.shape) != (b, h, sk):
+        raise ValueError(f"{name}: expected shape {(b, h, sk)} = [B, H, Sk] for k of shape {shape_of(k)}, got "
+                         f"{shape_of(perm)}")
+    if not perm.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(perm.stride())}")
+    if perm.device != k.device:
+        raise ValueError(f"{name}: expected a tensor on k's device {k.device}, got {perm.device}")
+
+
+def check_vc_grouping_op_args(v):
+    torch = import_torch()
+    if v.dim() != 4:
+        raise ValueError(f"v: open_vc_attn::vc_grouping takes a rank-4 [B, S, H, D] tensor, got {shape_of(v)}")
+    if v.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"v: expected dtype torch.bfloat16 or torch.float16, got {v.dtype}")
+    if v.shape[3] != KERNEL_HEAD_DIM:
+        raise ValueError(f"v: the VC grouping supports head_dim {KERNEL_HEAD_DIM} only, got {shape_of(v)}")
+    check_token_strides("v", v)
+
+
+def check_vc_prepare_op_args(q, k, v, permutation):
+    check_rank4_tokens("prepare_vc", q, k, v)
+    if q.shape[3] != KERNEL_HEAD_DIM:
+        raise ValueError(f"q: the VC baseline supports head_dim {KERNEL_HEAD_DIM} only, got shape {shape_of(q)}")
+    check_permutation(permutation, k)
+
+
+def check_vc_attention_op_args(tensors, softmax_scale):
+    sizes = check_vc_tensors(tensors, "")
+    check_op_scalars(softmax_scale)
+    return sizes
+
+
+# ---- V residual repair (open_vc_attn.repair, ops.repair) -----------------------------------------------------
+
+SELECTIONS = ("energy", "attention")
+
+
+def budget(x) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"budget: expected a float in [0, 1), got {type(x).__name__}")
+    x = float(x)
+    if not (math.isfinite(x) and 0.0 <= x < 1.0):
+        raise ValueError(f"budget: expected a finite float in [0, 1) (the fraction of V tokens per head that get "
+                         f"a repair row), got {x}")
+    return x
+
+
+def selection(x) -> str:
+    if x not in SELECTIONS:
+        raise ValueError(f"selection: expected one of {SELECTIONS}, got {x!r}")
+    return x
+
+
+def sample_rows(x) -> int:
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not 1 <= x <= INT_MAX:
+        raise ValueError(f"sample_rows: expected an int >= 1 (query rows sampled by selection='attention'), got {x!r}")
+    return int(x)
+
+
+def repair_rows(x, seqlen_k) -> int:
+    """Rows per head for budget x: round half away from zero of x * seqlen_k in double, as the C++
+    openvc::repair_row_count and the reference compute it."""
+    y = budget(x) * int(seqlen_k)
+    whole = math.floor(y)
+    return int(whole) + (1 if y - whole >= 0.5 else 0)   # y - floor(y) is exact for doubles
+
+
+def check_repair_tensors(tensors, b, h, d, rows, prefix=""):
+    """The four repair tensors (PreparedRepair.tensors() order) against B, H, D and rows."""
+    torch = import_torch()
+    want = repair_expectations(b, h, d, rows)
+    for (name, shape, dtype), x in zip(want, tensors):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{prefix}{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != getattr(torch, dtype):
+            raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{prefix}{name}: expected shape {shape} for B={b} H={h} D={d} rows={rows}, got "
+                             f"{shape_of(x)}")
+        if not x.is_contiguous():
+            raise ValueError(f"{prefix}{name}: expected a contiguous tensor, got strides {tuple(x.stride())}")
+    dev = tensors[0].device
+    for (name, _, _), x in zip(want, tensors):
+        if x.device.type != "cuda" or x.device != dev:
+            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {dev}, got {x.device}")
+
+
+def check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale):
+    """v and the K/V part of its preparation, as the repair ops take them; returns (B, Sk, H, D) as given
+    (symbolic under torch.compile's dynamic shapes)."""
+    torch = import_torch()
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        raise ValueError(f"v: expected a rank-4 [B, Sk, H, D] tensor, got {getattr(v, 'shape', type(v).__name__)}")
+    b, sk, h, d = v.shape
+    check_token_strides("v", v)
+    if v.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"v: expected dtype torch.bfloat16 or torch.float16, got {v.dtype}")
+    if d != KERNEL_HEAD_DIM:
+        raise ValueError(f"v: head_dim must be {KERNEL_HEAD_DIM}, got shape {shape_of(v)}")
+    expected = fp8_expectations(b, 1, sk, h, d)[2:]
+    for (name, shape, dtype), x in zip(expected, (k_codes, k_descale, v_packed, v_descale)):
+        dtype = getattr(torch, dtype)
+        if x.dtype != dtype or tuple(x.shape) != tuple(shape) or not x.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous {dtype} tensor of shape {tuple(shape)} (prepare_fp8's "
+                             f"layout for v's shape), got {x.dtype} {shape_of(x)} strides {tuple(x.stride())}")
+    return b, sk, h, d
+
+
+def check_repair_tokens(tokens, b, h):
+    """The int32 [B, H, rows] token list of build_v_repair; returns rows."""
+    torch = import_torch()
+    if tokens.dtype != torch.int32 or tokens.dim() != 3 or tuple(tokens.shape[:2]) != (b, h) \
+            or not tokens.is_contiguous():
+        raise ValueError(f"tokens: expected a contiguous int32 tensor [B, H, rows] with B={b} H={h}, got "
+                         f"{tokens.dtype} {shape_of(tokens)}")
+    return tokens.shape[2]

@@ -1,0 +1,85 @@
+"""Sizes, constants and tensor layouts shared by every GPU module of open_vc_attn (torch-free).
+
+The constants that the C++ library defines are read from the extension (one source of truth):
+``DEFAULT_MID_WINDOW_BLOCKS`` (``openvc::AttentionParams{}.mid_window_blocks``, the default key traversal
+of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER`` and
+``QUANT_BLOCK``. Where the extension cannot be loaded (a source tree without a build) they are None and
+the GPU functions fail on call with the loader's ImportError.
+"""
+from __future__ import annotations
+
+from . import _ext
+
+
+def _ext_constant(name):
+    try:
+        return getattr(_ext.load(), name)
+    except ImportError:
+        return None
+
+
+DEFAULT_MID_WINDOW_BLOCKS = _ext_constant("DEFAULT_MID_WINDOW_BLOCKS")
+NATURAL_ORDER = _ext_constant("NATURAL_ORDER")        # openvc::kNaturalOrder (-1)
+PACKED_KEY_ORDER = _ext_constant("PACKED_KEY_ORDER")  # packed V column c holds key PACKED_KEY_ORDER[c]
+QUANT_BLOCK = 128              # tokens per Q/K descale group and per packed-V padding unit (openvc::kQuantBlock)
+KERNEL_HEAD_DIM = 128          # the only head dim of the sm_90a fast path, the repair path and VC
+PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8
+INT_MAX = 2**31 - 1            # sizes and mid_window_blocks are C++ ints
+GRID_LIMIT = 65535             # the general path's batch, heads and num_seqs are CUDA grid dimensions y/z
+VERSIONS = {"open-vc": "expcast", "reference": "bf16"}   # attention's version -> its one mode
+
+FP8_NAMES = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale")
+FP8_LAYOUTS = ("[B, Sq, H, D]", "[B, H, ceil(Sq/128)]", "[B, Sk, H, D]", "[B, H, ceil(Sk/128)]",
+               "[B, H, D, ceil(Sk/128)*128]", "[B, H]")
+VC_NAMES = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_channel_descale", "block_mean_scaled")
+
+
+def blocks(s):
+    """ceil(s / QUANT_BLOCK): descale groups of s tokens (works on torch.SymInt too)."""
+    return (s + QUANT_BLOCK - 1) // QUANT_BLOCK
+
+
+def padded(s):
+    """s rounded up to whole QUANT_BLOCK tiles (packed V columns, repair rows)."""
+    return blocks(s) * QUANT_BLOCK
+
+
+def fp8_expectations(b, sq, sk, h, d):
+    """(name, shape, dtype name) of the six prepared tensors of PreparedFP8, in op order."""
+    nq, nk = blocks(sq), blocks(sk)
+    return (("q_codes", (b, sq, h, d), "uint8"), ("q_descale", (b, h, nq), "float32"),
+            ("k_codes", (b, sk, h, d), "uint8"), ("k_descale", (b, h, nk), "float32"),
+            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (b, h), "float32"))
+
+
+def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k):
+    """(name, shape, dtype name) of a packed-sequence preparation (N sequences), in op order."""
+    nq, nk = blocks(max_q), blocks(max_k)
+    return (("q_codes", (total_q, h, d), "uint8"), ("q_descale", (n, h, nq), "float32"),
+            ("k_codes", (total_k, h, d), "uint8"), ("k_descale", (n, h, nk), "float32"),
+            ("v_packed", (n, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (n, h), "float32"))
+
+
+def vc_expectations(b, sq, sk, h, d):
+    """(name, shape, dtype name) of the seven VC-prepared tensors of PreparedVC, in op order."""
+    nq, nk = blocks(sq), blocks(sk)
+    return (("q_codes", (b, sq, h, d), "uint8"), ("q_descale", (b, h, nq), "float32"),
+            ("k_codes", (b, sk, h, d), "uint8"), ("k_descale", (b, h, nk), "float32"),
+            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"), ("v_channel_descale", (b, h, d), "float32"),
+            ("block_mean_scaled", (b, h, nk, d), "float32"))
+
+
+def repair_expectations(b, h, d, rows):
+    """(name, shape, dtype name) of the four repair tensors of PreparedRepair.tensors(), in op order."""
+    rp = padded(rows)
+    return (("k_codes", (b, h, rp, d), "uint8"), ("k_descale", (b, h, rp), "float32"),
+            ("v_packed", (b, h, d, rp), "uint8"), ("tokens", (b, h, rows), "int32"))
+
+
+def packed_columns():
+    """The inverse of PACKED_KEY_ORDER: key k of a 16-key group sits in packed column packed_columns()[k]."""
+    order = _ext.load().PACKED_KEY_ORDER
+    cols = [0] * len(order)
+    for col, key in enumerate(order):
+        cols[key] = col
+    return tuple(cols)

@@ -1,0 +1,36 @@
+"""torch.library custom ops over the GPU entry points of ``_openvc_ext`` (imports torch: import lazily).
+
+Importing this package registers every op, the same way for all (``torch.library.custom_op`` with a
+``register_fake`` implementation, at import of its module), so torch.compile(fullgraph=True) traces any
+of them whichever openvc call comes first:
+
+- :mod:`.fp8`: ``open_vc_attn::prepare_fp8``, ``prepare_fp8_varlen``, ``attention_fp8`` (the sm_90a fast
+  path) and ``attention_general`` (causal, packed sequences, head_dim 64).
+- :mod:`.repair`: ``open_vc_attn::prepare_v_repair``, ``build_v_repair``, ``attention_fp8_repair``.
+- :mod:`.vc`: ``open_vc_attn::vc_grouping``, ``prepare_vc``, ``attention_vc_fp8`` (the VC baseline).
+
+The ops allocate their outputs (so ``mutates_args=()``), enqueue on ``torch.cuda.current_stream(device)``
+and never synchronize; their fake implementations run the same argument checks
+(:mod:`open_vc_attn._checks`) and give the same shapes, dtypes and strides, which is what torch.compile
+and torch.library.opcheck need. The names below are the registered overloads, which torch.compile puts
+in its graph as they are. Most users want :mod:`open_vc_attn.api` instead.
+"""
+import torch
+
+from . import fp8, repair, vc  # noqa: F401  (registers the ops)
+
+__all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_general_op",
+           "prepare_v_repair_op", "build_v_repair_op", "attention_fp8_repair_op", "vc_grouping_op",
+           "prepare_vc_op", "attention_vc_fp8_op"]
+
+_ops = torch.ops.open_vc_attn
+prepare_fp8_op = _ops.prepare_fp8.default
+prepare_fp8_varlen_op = _ops.prepare_fp8_varlen.default
+attention_fp8_op = _ops.attention_fp8.default
+attention_general_op = _ops.attention_general.default
+prepare_v_repair_op = _ops.prepare_v_repair.default
+build_v_repair_op = _ops.build_v_repair.default
+attention_fp8_repair_op = _ops.attention_fp8_repair.default
+vc_grouping_op = _ops.vc_grouping.default
+prepare_vc_op = _ops.prepare_vc.default
+attention_vc_fp8_op = _ops.attention_vc_fp8.default

@@ -1,0 +1,101 @@
+"""Run-time helpers of the CUDA implementations of the custom ops: what needs real tensors (pointers,
+the device, the stream), never traced. Imports torch."""
+import functools
+
+import torch
+
+from .. import _ext
+
+
+@functools.lru_cache(maxsize=None)
+def unsupported_device(index: int):
+    """None when device `index` is compute capability 9.0, else why it cannot run the kernels."""
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) == (9, 0):
+        return None
+    return (f"open_vc_attn: device cuda:{index} ({torch.cuda.get_device_name(index)}) is compute capability "
+            f"{major}.{minor}; the FP8 kernels are built for sm_90a and need 9.0 (Hopper)")
+
+
+def check_device(device):
+    reason = unsupported_device(device.index if device.index is not None else torch.cuda.current_device())
+    if reason:
+        raise RuntimeError(reason)
+
+
+def check_aligned(named):
+    """Every (name, tensor) 16-byte aligned: the kernels load 16-byte vectors."""
+    for name, x in named:
+        if x.data_ptr() % 16:
+            raise ValueError(f"{name}: the data pointer must be 16-byte aligned for the kernels' vector loads, "
+                             f"got address % 16 = {x.data_ptr() % 16} (storage_offset {x.storage_offset()}); "
+                             "call .contiguous() or slice at a multiple of 8 elements")
+
+
+def launch_checks(device, named):
+    """The device, then the alignment of the named tensors: the checks that need a real CUDA tensor."""
+    check_device(device)
+    check_aligned(named)
+
+
+def token_view(x, packed=False):
+    """openvc::TokenTensorView of a [B, S, H, D] tensor, or of a packed [total, H, D] one (no batch
+    stride). The stride of a size-1 dim is never used and torch leaves it arbitrary, so it is passed as 0
+    (always a valid multiple of 8)."""
+    dims = x.shape[:2] if packed else x.shape[:3]
+    strides = [st if n > 1 else 0 for n, st in zip(dims, x.stride())]
+    view = _ext.load().TokenTensorView()
+    view.data = x.data_ptr()
+    view.stride_batch, view.stride_seq, view.stride_head = (0, *strides) if packed else strides
+    return view
+
+
+def dtype_of(x):
+    """The openvc::DType of a bfloat16 / float16 tensor."""
+    dtype = _ext.load().DType
+    return dtype.bfloat16 if x.dtype == torch.bfloat16 else dtype.float16
+
+
+def params(cls, **fields):
+    """An extension parameter struct with the given fields set by name (an unknown name raises)."""
+    p = cls()
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim):
+    """openvc::Fp8Inputs over six prepared tensors (PreparedFP8.tensors() order; a VC preparation's
+    first five, v_descale then being unused, may pass None for it)."""
+    names = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale")
+    pointers = {n: (0 if t is None else t.data_ptr()) for n, t in zip(names, tensors)}
+    return params(_ext.load().Fp8Inputs, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
+                  head_dim=head_dim, **pointers)
+
+
+def set_output(p, out, lse, softmax_scale, out_strides=None):
+    """The output fields every attention parameter struct shares (lse None: no LSE output)."""
+    p.out = out.data_ptr()
+    p.out_stride_batch, p.out_stride_seq, p.out_stride_head = out_strides or out.stride()[:3]
+    p.lse = 0 if lse is None else lse.data_ptr()
+    p.softmax_scale = float(softmax_scale)
+    return p
+
+
+def workspace(nbytes, device):
+    """Scratch the kernels zero themselves, so torch.empty is enough (at least 16 bytes: never null)."""
+    return torch.empty(max(int(nbytes), 16), dtype=torch.uint8, device=device)
+
+
+def stream(device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def empty(device):
+    """An allocator (shape, dtype) -> new tensor on `device`, as the CUDA implementations use it."""
+    return lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
+
+
+def like(x):
+    """An allocator (shape, dtype) -> new tensor like `x` (fake or meta), as the fake implementations use it."""
+    return lambda shape, dtype: x.new_empty(shape, dtype=dtype)

@@ -1,0 +1,185 @@
+"""Custom ops of the FP8 ExpCast path: preparation and the fast and general attention kernels.
+
+- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v) -> (q_codes, q_descale, k_codes, k_descale,
+  v_packed, v_descale)``: rank-4 BF16/FP16 CUDA inputs, new contiguous outputs (see api.PreparedFP8).
+- ``open_vc_attn::prepare_fp8_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
+  int max_seqlen_q, int max_seqlen_k) -> (six tensors)``: packed sequences, q [total_q, H, D], k and v
+  [total_k, H, D], int32 offsets (read on the GPU only); outputs as described in api.PreparedFP8.
+- ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
+  float softmax_scale, int mid_window_blocks, bool return_lse) -> (out, lse)``: out BF16 [B, Sq, H, D];
+  lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
+  of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
+  fast path: head_dim 128, non-causal, batched.
+- ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
+  int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse) -> (out, lse)``:
+  the general path (causal, packed sequences, head_dim 64 or 128). Without offsets the six tensors are a
+  batched preparation and the outputs are those of attention_fp8 (max_seqlen_q/k ignored); with them, the
+  packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16 [total_q, H, D] and lse float32
+  [H, total_q] (the flash-attn varlen layout).
+"""
+import torch
+
+from .. import _checks, _ext
+from .._layout import FP8_NAMES, fp8_expectations, varlen_expectations
+from . import device as dev
+
+_PREPARE_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+_PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+                          "int max_seqlen_k) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
+                     "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse) "
+                     "-> (Tensor, Tensor)")
+_GENERAL_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
+                   "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+                   "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse) -> (Tensor, Tensor)")
+
+
+def _allocate(expectations, alloc):
+    return tuple(alloc(shape, getattr(torch, dtype)) for _, shape, dtype in expectations)
+
+
+def _launch_prepare(q, k, v, outs, packed_fields):
+    """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched)."""
+    ext = _ext.load()
+    p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
+                   q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
+                   v=dev.token_view(v, packed_fields is not None),
+                   **dict(zip(FP8_NAMES, (t.data_ptr() for t in outs))))
+    if packed_fields is None:
+        p.batch, p.seqlen_q, p.seqlen_k = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
+        groups = p.batch
+    else:
+        for name, value in packed_fields.items():
+            setattr(p, name, value)
+        groups = p.num_seqs
+    ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
+    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+    with torch.cuda.device(q.device):  # the C++ side launches on the current device
+        ext.prepare_fp8(p, dev.stream(q.device))
+
+
+# ---- prepare_fp8 ----------------------------------------------------------------------------------------
+
+def _prepare_outputs(q, k, alloc):
+    b, sq, h, d = q.shape
+    return _allocate(fp8_expectations(b, sq, k.shape[1], h, d), alloc)
+
+
+@torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
+def _prepare_fp8(q, k, v):
+    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+    dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
+    outs = _prepare_outputs(q, k, dev.empty(q.device))
+    _launch_prepare(q, k, v, outs, None)
+    return outs
+
+
+@_prepare_fp8.register_fake
+def _prepare_fp8_fake(q, k, v):
+    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+    return _prepare_outputs(q, k, dev.like(q))
+
+
+# ---- prepare_fp8_varlen (packed sequences) ----------------------------------------------------------------
+
+def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc):
+    total_q, h, d = q.shape
+    return _allocate(varlen_expectations(nseq, total_q, k.shape[0], h, d, max_seqlen_q, max_seqlen_k), alloc)
+
+
+@torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
+                         schema=_PREPARE_VARLEN_SCHEMA)
+def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
+    outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device))
+    _launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                                        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr()))
+    return outs
+
+
+@_prepare_fp8_varlen.register_fake
+def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.like(q))
+
+
+# ---- attention_fp8 (the sm_90a fast path) -----------------------------------------------------------------
+
+def attention_outputs(q_codes, return_lse, alloc):
+    """out BF16 [B, Sq, H, D] and lse float32 [B, H, Sq] (or [0]) of the batched attention ops."""
+    b, sq, h, d = q_codes.shape
+    return alloc((b, sq, h, d), torch.bfloat16), alloc((b, h, sq) if return_lse else (0,), torch.float32)
+
+
+def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks):
+    """openvc::AttentionParams of the fast path (repair rows unset)."""
+    p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes),
+                   mid_window_blocks=int(mid_window_blocks))
+    return dev.set_output(p, out, lse, softmax_scale)
+
+
+@torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
+                         schema=_ATTENTION_SCHEMA)
+def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
+                   mid_window_blocks, return_lse):
+    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
+    sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
+    dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
+    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device))
+    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
+    with torch.cuda.device(q_codes.device):
+        _ext.load().attention_fp8(p, dev.stream(q_codes.device))
+    return out, lse
+
+
+@_attention_fp8.register_fake
+def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
+                        mid_window_blocks, return_lse):
+    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
+    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks)
+    return attention_outputs(q_codes, return_lse, dev.like(q_codes))
+
+
+# ---- attention_general (causal, packed sequences, head_dim 64) -------------------------------------------
+
+def _general_outputs(packed, sizes, return_lse, alloc):
+    n, sq, _, h, d = sizes
+    if packed:   # out [total_q, H, D], lse [H, total_q]
+        return alloc((sq, h, d), torch.bfloat16), alloc((h, sq) if return_lse else (0,), torch.float32)
+    return alloc((n, sq, h, d), torch.bfloat16), alloc((n, h, sq) if return_lse else (0,), torch.float32)
+
+
+@torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
+                         schema=_GENERAL_SCHEMA)
+def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
+                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse):
+    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
+    packed, sizes = _checks.check_general_op_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  softmax_scale, mid_window_blocks)
+    n, sq, sk, h, d = (int(x) for x in sizes)
+    dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
+    out, lse = _general_outputs(packed, sizes, return_lse, dev.empty(q_codes.device))
+    p = dev.params(_ext.load().GeneralAttentionParams, causal=bool(causal), mid_window_blocks=int(mid_window_blocks))
+    if packed:   # C++: batch sizes ignored; out [total_q, H, D] and lse [H, total_q] strides
+        p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d)
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        p.num_seqs, p.max_seqlen_q, p.max_seqlen_k = n, int(max_seqlen_q), int(max_seqlen_k)
+        out_strides, (p.lse_stride_batch, p.lse_stride_head) = (0, *out.stride()[:2]), (0, sq)
+    else:
+        p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d)
+        out_strides, (p.lse_stride_batch, p.lse_stride_head) = out.stride()[:3], (h * sq, sq)
+    dev.set_output(p, out, lse if return_lse else None, softmax_scale, out_strides)
+    with torch.cuda.device(q_codes.device):
+        _ext.load().attention_general(p, dev.stream(q_codes.device))
+    return out, lse
+
+
+@_attention_general.register_fake
+def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
+                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                            return_lse):
+    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
+    packed, sizes = _checks.check_general_op_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  softmax_scale, mid_window_blocks)
+    return _general_outputs(packed, sizes, return_lse, dev.like(q_codes))
