@@ -57,6 +57,9 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(prep, PrepareParams, max_seqlen_q);
   OPENVC_FIELD(prep, PrepareParams, max_seqlen_k);
   OPENVC_FIELD(prep, PrepareParams, num_seqs);
+  OPENVC_FIELD(prep, PrepareParams, total_q);
+  OPENVC_FIELD(prep, PrepareParams, total_k);
+  OPENVC_FIELD(prep, PrepareParams, seqused_k);
   OPENVC_FIELD(prep, PrepareParams, q_codes);
   OPENVC_FIELD(prep, PrepareParams, q_descale);
   OPENVC_FIELD(prep, PrepareParams, k_codes);
@@ -84,6 +87,15 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, lse);
   OPENVC_FIELD(attn, AttentionParams, softmax_scale);
   OPENVC_FIELD(attn, AttentionParams, mid_window_blocks);
+  OPENVC_FIELD(attn, AttentionParams, causal);
+  OPENVC_FIELD(attn, AttentionParams, cu_seqlens_q);
+  OPENVC_FIELD(attn, AttentionParams, cu_seqlens_k);
+  OPENVC_FIELD(attn, AttentionParams, num_seqs);
+  OPENVC_FIELD(attn, AttentionParams, max_seqlen_q);
+  OPENVC_FIELD(attn, AttentionParams, max_seqlen_k);
+  OPENVC_FIELD(attn, AttentionParams, total_q);
+  OPENVC_FIELD(attn, AttentionParams, total_k);
+  OPENVC_FIELD(attn, AttentionParams, seqused_k);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",
                                                                       "openvc::GeneralAttentionParams.");
@@ -94,6 +106,9 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(general, GeneralAttentionParams, num_seqs);
   OPENVC_FIELD(general, GeneralAttentionParams, max_seqlen_q);
   OPENVC_FIELD(general, GeneralAttentionParams, max_seqlen_k);
+  OPENVC_FIELD(general, GeneralAttentionParams, total_q);
+  OPENVC_FIELD(general, GeneralAttentionParams, total_k);
+  OPENVC_FIELD(general, GeneralAttentionParams, seqused_k);
   OPENVC_FIELD(general, GeneralAttentionParams, out);
   OPENVC_FIELD(general, GeneralAttentionParams, out_stride_batch);
   OPENVC_FIELD(general, GeneralAttentionParams, out_stride_seq);

@@ -18,6 +18,9 @@
 #include <string>
 
 #include "attention/sm90/kernel_launch.cuh"
+#ifdef OPENVC_BENCH_PREV
+#include "attention/sm90prev/launch.cuh"   // scripts/prev_kernel.sh: an earlier commit's kernel
+#endif
 #endif
 
 #define CHECK_CUDA(x)                                                                  \
@@ -86,6 +89,14 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
   return t[t.size() / 2];
 }
 
+#ifdef OPENVC_BENCH_PREV
+// The earlier kernel takes the call's parameters (its fields are a prefix of today's).
+const openvc::AttentionParams* g_prev_params = nullptr;
+openvc::Status launch_prev(const openvc::sm90::LaunchPlan&, cudaStream_t s) {
+  return openvc::sm90prev::launch_expcast_attention<0>(*g_prev_params, s);
+}
+#endif
+
 int main(int argc, char** argv) {
   const int S = argc > 1 ? std::atoi(argv[1]) : 73397;
   const int H = argc > 2 ? std::atoi(argv[2]) : 7;
@@ -125,6 +136,9 @@ int main(int argc, char** argv) {
   pp.q_codes = qc, pp.q_descale = qs, pp.k_codes = kc, pp.k_descale = ks, pp.v_packed = vp, pp.v_descale = vs;
   pp.workspace = ws, pp.workspace_bytes = wsb;
   openvc::AttentionParams ap;
+#ifdef OPENVC_BENCH_PREV
+  g_prev_params = &ap;
+#endif
   ap.in = {B, S, S, H, D, qc, qs, kc, ks, vp, vs};
   ap.out = out;
   ap.out_stride_batch = int64_t(S) * H * D, ap.out_stride_seq = int64_t(H) * D, ap.out_stride_head = D;
@@ -191,6 +205,9 @@ int main(int argc, char** argv) {
     };
     const V variants[] = {
         {"production", launch_kernel<kPlainMode, kNoProbe>},
+#ifdef OPENVC_BENCH_PREV
+        {"previous kernel (scripts/prev_kernel.sh)", launch_prev},
+#endif
         {"ping-pong ordering", launch_kernel<kPlainMode, kPingPong>},
         {"float row max (FMNMX)", launch_kernel<kPlainMode, kFloatMax>},
         {"ping-pong + float max (before)", launch_kernel<kPlainMode, kPingPong | kFloatMax>},

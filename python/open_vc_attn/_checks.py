@@ -156,9 +156,10 @@ def check_one_cuda_device(names, tensors, prefix):
             raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
 
 
-def prepared_meta(prepared) -> dict:
+def prepared_meta(prepared, varlen=False) -> dict:
     """Sizes, input rank and dtype of a prepared object (PreparedFP8, PreparedVC), checked: the ints
-    batch, seqlen_q, seqlen_k, heads, head_dim and input_rank as a dict."""
+    batch, seqlen_q, seqlen_k, heads, head_dim and input_rank as a dict (varlen: a packed preparation,
+    rank 3 with N sequences)."""
     torch = import_torch()
     meta = {}
     for field in ("batch", "seqlen_q", "seqlen_k", "heads", "head_dim", "input_rank"):
@@ -166,7 +167,7 @@ def prepared_meta(prepared) -> dict:
         if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 1:
             raise ValueError(f"prepared.{field}: expected an int >= 1, got {val!r}")
         meta[field] = int(val)
-    if meta["input_rank"] not in (3, 4) or (meta["input_rank"] == 3 and meta["batch"] != 1):
+    if meta["input_rank"] not in (3, 4) or (meta["input_rank"] == 3 and meta["batch"] != 1 and not varlen):
         raise ValueError(f"prepared.input_rank: expected 4, or 3 with batch 1, got {meta['input_rank']} "
                          f"(batch {meta['batch']})")
     if prepared.dtype not in (torch.bfloat16, torch.float16):
@@ -177,11 +178,11 @@ def prepared_meta(prepared) -> dict:
 def check_prepared_fp8(prepared):
     """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype and the
     six tensors; returns prepared_meta's dict."""
+    meta = prepared_meta(prepared, varlen=prepared.is_varlen)
     if prepared.is_varlen:
-        raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported yet by "
-                         "attention_fp8, which takes batched [B, S, H, D] preparations only; attend packed "
-                         "sequences with open_vc_attn.attention(q, k, v, cu_seqlens_q=..., cu_seqlens_k=...)")
-    meta = prepared_meta(prepared)
+        check_varlen_fp8(prepared.tensors(), prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"],
+                         meta["seqlen_k"])
+        return meta
     if meta["head_dim"] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
@@ -435,9 +436,9 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
     return n, total_q, total_k, h, d
 
 
-def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks):
-    """open_vc_attn::attention_general; returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
-    (N, total_q, total_k, H, D) packed."""
+def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False):
+    """open_vc_attn::attention_general, and attention_fp8_full (fast: head_dim 128, no grid limit);
+    returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is None and cu_k is None:
         sizes = check_fp8_tensors(tensors, "")
@@ -446,8 +447,37 @@ def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_
         packed = False
     else:
         sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k), True
-    check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
+    if fast:
+        if sizes[4] != KERNEL_HEAD_DIM:
+            raise ValueError(f"q_codes: the sm_90a fast path takes head_dim {KERNEL_HEAD_DIM}, got {sizes[4]}")
+        if not fast_path_range(max_q if packed else sizes[1], max_k if packed else sizes[2]):
+            raise ValueError("q_codes, k_codes: ceil(seqlen_q/128) * ceil(seqlen_k/128) * 128 must be < 2^32 for "
+                             "the sm_90a fast path")
+    else:
+        check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
     return packed, sizes
+
+
+def fast_path_range(sq, sk) -> bool:
+    """The fast path's 32-bit diagonal arithmetic: ceil(Sq/128) * ceil(Sk/128) * 128 < 2^32."""
+    return -(-sq // QUANT_BLOCK) * (-(-sk // QUANT_BLOCK) * QUANT_BLOCK) < 2**32
+
+
+def check_seqused_k(seqused_k, n, device, what):
+    """Optional key counts: None, or a contiguous int32 tensor of n entries (one per batch entry or packed
+    sequence) on `device`. The values are read on the GPU only (clamped to [0, keys]), never here."""
+    if seqused_k is None:
+        return
+    torch = import_torch()
+    if not isinstance(seqused_k, torch.Tensor):
+        raise TypeError(f"seqused_k: expected an int32 tensor of key counts or None, got {type(seqused_k).__name__}")
+    if seqused_k.dtype != torch.int32:
+        raise TypeError(f"seqused_k: expected dtype torch.int32, got {seqused_k.dtype}")
+    if seqused_k.dim() != 1 or seqused_k.shape[0] != n or not seqused_k.is_contiguous():
+        raise ValueError(f"seqused_k: expected a contiguous 1-D tensor of {n} key counts (one per {what[:-1]}), got "
+                         f"shape {shape_of(seqused_k)}")
+    if seqused_k.device != device:
+        raise ValueError(f"seqused_k: expected a tensor on {device}, got {seqused_k.device}")
 
 
 # ---- VC-Attention baseline (open_vc_attn.baselines, ops.vc) -------------------------------------------------

@@ -16,8 +16,22 @@ def _visible(rows, sq, sk, device):
     return torch.arange(sk, device=device)[None, :] <= rows[:, None] + (sk - sq)
 
 
-def _one(q, k, v, scale, causal, want_lse):
-    """q [B, Sq, H, D], k and v [B, Sk, H, D] -> out bf16 [B, Sq, H, D] and lse fp32 [B, H, Sq] (or None)."""
+def _key_mask(rows, sq, sk, causal, counts, device):
+    """[B or 1, 1, Sq, Sk] bool visibility: causal aligned to the end of the used keys (counts [B], the
+    key counts, or all Sk keys), keys at or past the count masked; None when every key is visible."""
+    if counts is None:
+        return _visible(rows, sq, sk, device)[None, None] if causal else None
+    j = torch.arange(sk, device=device)[None, None, :]          # [1, 1, Sk]
+    used = counts.to(torch.int64).clamp(0, sk)[:, None, None]     # [B, 1, 1]
+    vis = j < used
+    if causal:
+        vis = vis & (j <= rows[None, :, None] + (used - sq))
+    return vis[:, None]                                           # [B, 1, Sq, Sk]
+
+
+def _one(q, k, v, scale, causal, want_lse, counts=None, keep=None):
+    """q [B, Sq, H, D], k and v [B, Sk, H, D] -> out bf16 [B, Sq, H, D] and lse fp32 [B, H, Sq] (or None).
+    counts: optional key counts [B]; keep: optional bool key mask [B, Sk] (non-causal)."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     if sk == 0:   # no keys at all (an empty packed sequence)
@@ -28,10 +42,12 @@ def _one(q, k, v, scale, causal, want_lse):
     # Causal: always an explicit end-aligned mask, never SDPA's is_causal: under torch.compile with
     # dynamic shapes `sq == sk` is a SymBool, which is_causal rejects (seen on torch 2.11), and for this
     # A/B baseline the mask's cost does not matter.
-    mask = _visible(rows, sq, sk, q.device) if causal else None
+    mask = _key_mask(rows, sq, sk, causal, counts, q.device)
+    if keep is not None:
+        mask = keep[:, None, None, :] if mask is None else mask & keep[:, None, None, :]
     out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
-    if causal and sq > sk:   # the first Sq - Sk rows see no key: 0, as in the FP8 path (SDPA gives NaN)
-        out = torch.where((rows >= sq - sk)[:, None], out, out.new_zeros(()))
+    if mask is not None:   # rows that see no key: 0, as in the FP8 path (SDPA gives NaN)
+        out = torch.where(mask.any(dim=-1, keepdim=True), out, out.new_zeros(()))
     out = out.transpose(1, 2).contiguous()
     if not want_lse:
         return out, None
@@ -41,8 +57,8 @@ def _one(q, k, v, scale, causal, want_lse):
     parts = []
     for i0 in range(0, sq, step):
         s = torch.matmul(qt[:, :, i0:i0 + step].float(), kf) * scale
-        if causal:
-            s = s.masked_fill(~_visible(rows[i0:i0 + step], sq, sk, q.device), float("-inf"))
+        if mask is not None:
+            s = s.masked_fill(~mask[:, :, i0:i0 + step] if mask.shape[2] > 1 else ~mask, float("-inf"))
         parts.append(torch.logsumexp(s, dim=-1))
     return out, torch.cat(parts, dim=-1)
 
@@ -51,9 +67,10 @@ def _scale(scale, d):
     return scale if scale > 0 else 1.0 / math.sqrt(d)
 
 
-def attention_bf16(q4, k4, v4, scale, causal, want_lse, rank):
-    """Batched: q4 [B, Sq, H, D], k4 and v4 [B, Sk, H, D]; outputs of api.attention's shapes."""
-    out, lse = _one(q4, k4, v4, _scale(scale, q4.shape[-1]), causal, want_lse)
+def attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=None, keep=None):
+    """Batched: q4 [B, Sq, H, D], k4 and v4 [B, Sk, H, D]; outputs of api.attention's shapes. counts: key
+    counts [B] (seqused_k); keep: bool key padding mask [B, Sk]."""
+    out, lse = _one(q4, k4, v4, _scale(scale, q4.shape[-1]), causal, want_lse, counts, keep)
     if rank == 3:
         out, lse = out[0], (lse[0] if want_lse else None)
     return (out, lse) if want_lse else out

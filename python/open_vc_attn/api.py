@@ -5,13 +5,16 @@
   (``cu_seqlens_q/k``).
 - :meth:`PreparedFP8.from_quantized` wraps tensors that were quantized elsewhere (e.g. prepared before a
   sequence-parallel all-to-all) after checking their dtypes, shapes, layout and device.
-- :func:`attention_fp8` runs ExpCast attention on a batched :class:`PreparedFP8` (sections 2-5): BF16
-  output of q's shape, optionally the natural-log LSE, optionally causal.
-- :func:`attention` does both in one call, for batched or packed (cu_seqlens) inputs, causal or not,
-  head_dim 128 or 64; ``version="reference", mode="bf16"`` runs torch SDPA in BF16 instead (A/B runs).
+- :func:`attention_fp8` runs ExpCast attention on a :class:`PreparedFP8` (sections 2-5): BF16 output of
+  q's shape, optionally the natural-log LSE, optionally causal.
+- :func:`attention` does both in one call, for batched or packed (cu_seqlens) inputs, causal or not, with
+  key padding masks or key counts, head_dim 128 or 64; ``version="reference", mode="bf16"`` runs torch
+  SDPA in BF16 instead (A/B runs).
 
-Two kernels sit behind these: the sm_90a fast path (head_dim 128, non-causal, batched) and the general
-path (everything else: causal, packed sequences, head_dim 64), with the same numerics contract.
+Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128:
+dense, causal, packed sequences, key counts) and the general path on the CUDA cores (head_dim 64, and
+sizes past the fast path's 32-bit range), which is correct but about 30x slower: a call that lands
+there warns once per process and reason (RuntimeWarning). docs/api.md lists which call takes which path.
 
 torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
 enqueued on ``torch.cuda.current_stream(device)`` with no host synchronization and no device-to-host
@@ -64,6 +67,7 @@ class PreparedFP8:
     dtype: Any
     cu_seqlens_q: Any = None   # packed sequences only (int32 CUDA tensors of N + 1 offsets)
     cu_seqlens_k: Any = None
+    seqused_k: Any = None      # optional int32 key counts per batch entry / sequence (key padding)
 
     @property
     def device(self):
@@ -111,26 +115,50 @@ def _max_seqlen(given, cu):
     return max(1, int((cu[1:] - cu[:-1]).max()))
 
 
-def _fast_path(d, causal, varlen, sq, sk) -> bool:
-    """The sm_90a fast path takes head_dim 128, non-causal, batched, and ceil(Sq/128) * Sk < 2^32."""
-    return not varlen and not causal and d == KERNEL_HEAD_DIM and -(-sq // QUANT_BLOCK) * sk < 2**32
+def _general_path_reason(d, sq, sk):
+    """None when the sm_90a fast path takes the call, else why it runs on the general path."""
+    if d != KERNEL_HEAD_DIM:
+        return f"head_dim {d} (the fast path takes {KERNEL_HEAD_DIM} today)"
+    if not _checks.fast_path_range(sq, sk):
+        return "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)"
+    return None
+
+
+_WARNED = set()
+
+
+def _warn_general_path(reason):
+    """One RuntimeWarning per process and reason: the general path is correct but about 30x slower."""
+    if reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    import warnings
+    warnings.warn(f"open_vc_attn: {reason}: this call runs on the general path (CUDA cores, correct but about "
+                  "30x slower than the sm_90a fast path); docs/api.md lists which calls take which path",
+                  RuntimeWarning, stacklevel=4)
 
 
 def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   names=("q", "q")):
-    """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None.
-    names: the arguments that give the batch (or sequence count) and the heads, for the general path's
-    grid-limit message."""
+                   seqused_k=None, names=("q", "q")):
+    """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
+    seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
+    heads, for the general path's grid-limit message."""
     from . import ops  # imports torch and registers every custom op, on first use
     qc, kc = tensors[0], tensors[2]
-    if _fast_path(int(qc.shape[-1]), causal, varlen is not None, qc.shape[-3], kc.shape[-3]):
+    cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
+    sq, sk = (max_q, max_k) if varlen is not None else (qc.shape[-3], kc.shape[-3])
+    reason = _general_path_reason(int(qc.shape[-1]), sq, sk)
+    if reason is None and varlen is None and seqused_k is None and not causal:
         out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse)
+    elif reason is None:   # causal, packed sequences, key counts: the fast path's other modes
+        out, lse = ops.attention_fp8_full_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                                             mid_window_blocks, return_lse, seqused_k)
     else:
+        _warn_general_path(reason)
         batch = tensors[5].shape[0]   # v_descale [B or N, H]
         _checks.check_general_grid(batch, tensors[5].shape[1], names, varlen is not None)
-        cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
         out, lse = ops.attention_general_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                            mid_window_blocks, return_lse)
+                                            mid_window_blocks, return_lse, seqused_k)
     if rank == 3 and varlen is None:  # one sequence: drop the batch axis again (views, no copy)
         out, lse = out[0], (lse[0] if return_lse else lse)
     return (out, lse) if return_lse else out
@@ -138,7 +166,8 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
 
 # ---- public functions ---------------------------------------------------------------------------------
 
-def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> PreparedFP8:
+def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *,
+                seqused_k=None) -> PreparedFP8:
     """Quantizes ``q, k, v`` for :func:`attention_fp8` (docs/numerics.md section 1).
 
     q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
@@ -150,8 +179,11 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
     cu_seqlens_k int32 CUDA tensors of N + 1 offsets (cu[0] = 0, non-decreasing, cu[N] <= total) and
     max_seqlen_q / max_seqlen_k Python ints >= every sequence's length (an upper bound is fine). The offsets
     are read on the GPU only (no synchronization: their values are not checked). Each sequence is quantized
-    separately; see :class:`PreparedFP8` for the output layout. :func:`attention_fp8` does not take such a
-    preparation yet (:func:`attention` with cu_seqlens attends packed sequences).
+    separately; see :class:`PreparedFP8` for the output layout.
+
+    seqused_k: optional int32 CUDA tensor of key counts, one per batch entry (or sequence): entry b uses
+    its first seqused_k[b] keys (clamped to [0, Sk] on the GPU); the rest are padding, left out of the K
+    block and V scales and never attended. :func:`attention_fp8` then uses the same counts.
     """
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if any(x is not None for x in varlen):
@@ -161,39 +193,44 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
                              "None")
         _checks.check_varlen(q, k, v, *varlen)
         from . import ops
-        tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            seqused_k)
         return PreparedFP8(*tensors, batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q),
                            seqlen_k=int(max_seqlen_k), heads=int(q.shape[1]), head_dim=int(q.shape[2]),
-                           input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                           input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                           seqused_k=seqused_k)
     q4, k4, v4, rank = _checks.check_tokens(q, k, v)
     from . import ops
-    tensors = ops.prepare_fp8_op(q4, k4, v4)
+    tensors = ops.prepare_fp8_op(q4, k4, v4, seqused_k)
     b, sq, h, d = (int(s) for s in q4.shape)
     return PreparedFP8(*tensors, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h, head_dim=d,
-                       input_rank=rank, dtype=q.dtype)
+                       input_rank=rank, dtype=q.dtype, seqused_k=seqused_k)
 
 
 def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
                   return_lse=False):
-    """ExpCast FP8 attention on a batched preparation (docs/numerics.md sections 2-5).
+    """ExpCast FP8 attention on a preparation (docs/numerics.md sections 2-5), batched or packed.
 
-    softmax_scale None means 1/sqrt(D). causal: key j visible to query i iff j <= i + (Sk - Sq).
-    mid_window_blocks: the key traversal of section 5 (None: natural order). Returns out, bfloat16 in q's
-    shape ([B, Sq, H, D] or [Sq, H, D]); with return_lse, (out, lse) where lse is float32 natural-log
-    [B, H, Sq] ([H, Sq] for a rank-3 q). head_dim 128 non-causal runs the sm_90a fast path, everything
-    else the general path. Packed (cu_seqlens) preparations are not taken: use :func:`attention`.
+    softmax_scale None means 1/sqrt(D). causal: key j visible to query i iff j <= i + (Sk - Sq) (with key
+    counts, Sk is the entry's count). mid_window_blocks: the key traversal of section 5 (None: natural
+    order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]; packed: [total_q, H, D]);
+    with return_lse, (out, lse) where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q,
+    [H, total_q] packed). head_dim 128 runs the sm_90a fast path, head_dim 64 the general path.
     """
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
     meta = _checks.check_prepared_fp8(prepared)
-    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal,
-                          names=("prepared.batch", "prepared.heads"))
+    varlen = ((prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"], meta["seqlen_k"])
+              if prepared.is_varlen else None)
+    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal, varlen,
+                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"))
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
               mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, version="open-vc", mode="expcast"):
+              max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, version="open-vc",
+              mode="expcast"):
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
@@ -208,7 +245,21 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     j <= i + (Sk - Sq) (aligned to the end); a row that sees no key gives output 0 and lse -inf.
     mid_window_blocks: key traversal (numerics.md section 5; None: natural order). Returns out, bfloat16
     in q's shape, or (out, lse) with return_lse: float32 natural-log LSE [B, H, Sq] ([H, Sq] for rank 3,
-    [H, total_q] for packed sequences).
+    [H, total_q] for packed sequences). Packed: output rows that no sequence covers are 0 (lse -inf).
+
+    Key padding (batched, non-causal or causal): seqused_k, an int32 CUDA tensor [B] of key counts (entry
+    b attends its first seqused_k[b] keys; clamped to [0, Sk]), or key_padding_mask, a key mask of shape
+    [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: bool (True keeps the key) or additive float (0 keeps, <= -10000 or
+    -inf masks; other values are biases, not applied). The mask's kept keys are moved to the front of
+    each entry (a stable sort and one gather of k and v, no synchronization) and attended as key counts,
+    exact for non-causal attention; with causal=True only seqused_k is taken. A row with no key gives 0.
+    Packed sequences take seqused_k per sequence.
+
+    check_inputs=True reads offsets, key counts and mask values back to the host (one synchronization)
+    and raises ValueError for offsets that are negative, decreasing or past the tensors, a max_seqlen
+    below the longest sequence, counts out of range, or additive masks holding biases. Without it nothing
+    is read: the kernels clamp offsets and counts to the tensors (no out-of-bounds access whatever they
+    hold) and the results are those of the clamped sequences (docs/api.md).
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
@@ -219,17 +270,43 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
                              "None")
         q4, k4, v4, rank = _checks.check_tokens(q, k, v, caller="attention")
+        b, sk = int(q4.shape[0]), int(k4.shape[1])
+        if key_padding_mask is not None:
+            if seqused_k is not None:
+                raise ValueError("key_padding_mask, seqused_k: pass one of them, not both")
+            if causal:
+                raise ValueError("key_padding_mask: not taken with causal=True (moving the kept keys to the front "
+                                 "would change which keys a query sees); pass seqused_k for end padding")
+        from . import _keys
+        keep = _keys.key_mask(key_padding_mask, b, sk, q4.device) if key_padding_mask is not None else None
+        _checks.check_seqused_k(seqused_k, b, q4.device, "batch entries")
+        if check_inputs:
+            _keys.validate_on_host(seqused_k=seqused_k, slot_k=sk, key_padding_mask=key_padding_mask)
         if version == "reference":
             from . import _sdpa
-            return _sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank)
+            return _sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=seqused_k, keep=keep)
+        if keep is not None:
+            k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         from . import ops
-        return _run_attention(ops.prepare_fp8_op(q4, k4, v4), rank, scale, mid, want_lse, causal)
+        return _run_attention(ops.prepare_fp8_op(q4, k4, v4, seqused_k), rank, scale, mid, want_lse, causal,
+                              seqused_k=seqused_k)
+    if key_padding_mask is not None:
+        raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
+                         "seqused_k to cut each sequence's keys)")
     max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k)
-    _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
+    if check_inputs:
+        from . import _keys
+        _keys.validate_on_host(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_q=int(q.shape[0]),
+                               total_k=int(k.shape[0]), max_seqlen_q=max_q, max_seqlen_k=max_k, seqused_k=seqused_k)
     if version == "reference":
+        if seqused_k is not None:
+            raise ValueError("seqused_k: the BF16 reference (version='reference') of packed sequences does not take "
+                             "key counts")
         from . import _sdpa
         return _sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse)
     from . import ops
-    tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k)
     return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k),
-                          names=("cu_seqlens_q", "q"))
+                          seqused_k, names=("cu_seqlens_q", "q"))

@@ -5,7 +5,8 @@ Importing this package registers every op, the same way for all (``torch.library
 of them whichever openvc call comes first:
 
 - :mod:`.fp8`: ``open_vc_attn::prepare_fp8``, ``prepare_fp8_varlen``, ``attention_fp8`` (the sm_90a fast
-  path) and ``attention_general`` (causal, packed sequences, head_dim 64).
+  path, dense), ``attention_fp8_full`` (the fast path's causal, packed and key-count modes) and
+  ``attention_general`` (the CUDA-core general path: head_dim 64, and what the fast path cannot take).
 - :mod:`.repair`: ``open_vc_attn::prepare_v_repair``, ``build_v_repair``, ``attention_fp8_repair``.
 - :mod:`.vc`: ``open_vc_attn::vc_grouping``, ``prepare_vc``, ``attention_vc_fp8`` (the VC baseline).
 
@@ -19,7 +20,7 @@ import torch
 
 from . import fp8, repair, vc  # noqa: F401  (registers the ops)
 
-__all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_general_op",
+__all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_fp8_full_op", "attention_general_op",
            "prepare_v_repair_op", "build_v_repair_op", "attention_fp8_repair_op", "vc_grouping_op",
            "prepare_vc_op", "attention_vc_fp8_op"]
 
@@ -28,6 +29,7 @@ prepare_fp8_op = _ops.prepare_fp8.default
 prepare_fp8_varlen_op = _ops.prepare_fp8_varlen.default
 attention_fp8_op = _ops.attention_fp8.default
 attention_general_op = _ops.attention_general.default
+attention_fp8_full_op = _ops.attention_fp8_full.default
 prepare_v_repair_op = _ops.prepare_v_repair.default
 build_v_repair_op = _ops.build_v_repair.default
 attention_fp8_repair_op = _ops.attention_fp8_repair.default

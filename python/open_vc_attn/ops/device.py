@@ -96,6 +96,11 @@ def empty(device):
     return lambda shape, dtype: torch.empty(shape, dtype=dtype, device=device)
 
 
+def full(device):
+    """An allocator (shape, dtype, value) -> new tensor filled with value on `device`."""
+    return lambda shape, dtype, value: torch.full(shape, value, dtype=dtype, device=device)
+
+
 def like(x):
     """An allocator (shape, dtype) -> new tensor like `x` (fake or meta), as the fake implementations use it."""
     return lambda shape, dtype: x.new_empty(shape, dtype=dtype)

@@ -1,7 +1,8 @@
 """Custom ops of the FP8 ExpCast path: preparation and the fast and general attention kernels.
 
-- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v) -> (q_codes, q_descale, k_codes, k_descale,
-  v_packed, v_descale)``: rank-4 BF16/FP16 CUDA inputs, new contiguous outputs (see api.PreparedFP8).
+- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None) -> (q_codes, q_descale,
+  k_codes, k_descale, v_packed, v_descale)``: rank-4 BF16/FP16 CUDA inputs, new contiguous outputs (see
+  api.PreparedFP8); seqused_k: optional int32 [B] key counts (keys past them are left out of the scales).
 - ``open_vc_attn::prepare_fp8_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
   int max_seqlen_q, int max_seqlen_k) -> (six tensors)``: packed sequences, q [total_q, H, D], k and v
   [total_k, H, D], int32 offsets (read on the GPU only); outputs as described in api.PreparedFP8.
@@ -11,11 +12,14 @@
   of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
   fast path: head_dim 128, non-causal, batched.
 - ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
-  int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse) -> (out, lse)``:
-  the general path (causal, packed sequences, head_dim 64 or 128). Without offsets the six tensors are a
-  batched preparation and the outputs are those of attention_fp8 (max_seqlen_q/k ignored); with them, the
-  packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16 [total_q, H, D] and lse float32
-  [H, total_q] (the flash-attn varlen layout).
+  int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse,
+  Tensor? seqused_k=None) -> (out, lse)``: the general path (CUDA cores; head_dim 64 or 128). Without
+  offsets the six tensors are a batched preparation and the outputs are those of attention_fp8
+  (max_seqlen_q/k ignored); with them, the packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16
+  [total_q, H, D] (zeros where no sequence writes) and lse float32 [H, total_q] (-inf there; the flash-attn
+  varlen layout). seqused_k: optional int32 key counts per batch entry or sequence.
+- ``open_vc_attn::attention_fp8_full(the same arguments) -> (out, lse)``: the sm_90a fast path in its causal,
+  packed-sequence and key-count modes (head_dim 128), same outputs.
 """
 import torch
 
@@ -23,23 +27,27 @@ from .. import _checks, _ext
 from .._layout import FP8_NAMES, fp8_expectations, varlen_expectations
 from . import device as dev
 
-_PREPARE_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+_PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None) "
+                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-                          "int max_seqlen_k) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+                          "int max_seqlen_k, Tensor? seqused_k=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                      "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse) "
                      "-> (Tensor, Tensor)")
-_GENERAL_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
-                   "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-                   "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse) -> (Tensor, Tensor)")
+# attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
+_SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
+                    "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
+                    "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
+                    "Tensor? seqused_k=None) -> (Tensor, Tensor)")
 
 
 def _allocate(expectations, alloc):
     return tuple(alloc(shape, getattr(torch, dtype)) for _, shape, dtype in expectations)
 
 
-def _launch_prepare(q, k, v, outs, packed_fields):
-    """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched)."""
+def _launch_prepare(q, k, v, outs, packed_fields, seqused_k=None):
+    """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched);
+    seqused_k: optional int32 key counts (keys past them are padding)."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
@@ -52,6 +60,8 @@ def _launch_prepare(q, k, v, outs, packed_fields):
         for name, value in packed_fields.items():
             setattr(p, name, value)
         groups = p.num_seqs
+    if seqused_k is not None:
+        p.seqused_k = seqused_k.data_ptr()
     ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
     p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
     with torch.cuda.device(q.device):  # the C++ side launches on the current device
@@ -66,17 +76,19 @@ def _prepare_outputs(q, k, alloc):
 
 
 @torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
-def _prepare_fp8(q, k, v):
+def _prepare_fp8(q, k, v, seqused_k=None):
     _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_outputs(q, k, dev.empty(q.device))
-    _launch_prepare(q, k, v, outs, None)
+    _launch_prepare(q, k, v, outs, None, seqused_k)
     return outs
 
 
 @_prepare_fp8.register_fake
-def _prepare_fp8_fake(q, k, v):
+def _prepare_fp8_fake(q, k, v, seqused_k=None):
     _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
     return _prepare_outputs(q, k, dev.like(q))
 
 
@@ -89,18 +101,21 @@ def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc):
 
 @torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
                          schema=_PREPARE_VARLEN_SCHEMA)
-def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
     nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device))
     _launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
-                                        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr()))
+                                        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                                        total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k)
     return outs
 
 
 @_prepare_fp8_varlen.register_fake
-def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
     nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
     return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.like(q))
 
 
@@ -141,45 +156,94 @@ def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_desc
     return attention_outputs(q_codes, return_lse, dev.like(q_codes))
 
 
-# ---- attention_general (causal, packed sequences, head_dim 64) -------------------------------------------
+# ---- attention_general and attention_fp8_full: every call form --------------------------------------------
+# attention_general: the CUDA-core general path (head_dim 64 or 128). attention_fp8_full: the sm_90a fast
+# path in its causal / packed / key-count modes (head_dim 128). Same arguments, same outputs.
 
-def _general_outputs(packed, sizes, return_lse, alloc):
+def _sequence_outputs(packed, sizes, return_lse, alloc, fill):
+    """out and lse of the sequence ops. Packed: out [total_q, H, D] zeros and lse [H, total_q] -inf, so the
+    rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D] and [B, H, Sq], all written."""
     n, sq, _, h, d = sizes
-    if packed:   # out [total_q, H, D], lse [H, total_q]
-        return alloc((sq, h, d), torch.bfloat16), alloc((h, sq) if return_lse else (0,), torch.float32)
+    if packed:
+        return (fill((sq, h, d), torch.bfloat16, 0.0),
+                fill((h, sq) if return_lse else (0,), torch.float32, float("-inf")))
     return alloc((n, sq, h, d), torch.bfloat16), alloc((n, h, sq) if return_lse else (0,), torch.float32)
 
 
-@torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
-                         schema=_GENERAL_SCHEMA)
-def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
-                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse):
-    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    packed, sizes = _checks.check_general_op_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  softmax_scale, mid_window_blocks)
+def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast):
+    packed, sizes = _checks.check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
+                                                  mid_window_blocks, fast=fast)
+    _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
+    return packed, sizes
+
+
+def _launch_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
+                     seqused_k):
+    qc = tensors[0]
+    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
     n, sq, sk, h, d = (int(x) for x in sizes)
-    dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    out, lse = _general_outputs(packed, sizes, return_lse, dev.empty(q_codes.device))
-    p = dev.params(_ext.load().GeneralAttentionParams, causal=bool(causal), mid_window_blocks=int(mid_window_blocks))
+    dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
+    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(qc.device), dev.full(qc.device))
+    ext = _ext.load()
+    p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
+                   mid_window_blocks=int(mid_window_blocks))
     if packed:   # C++: batch sizes ignored; out [total_q, H, D] and lse [H, total_q] strides
         p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d)
-        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-        p.num_seqs, p.max_seqlen_q, p.max_seqlen_k = n, int(max_seqlen_q), int(max_seqlen_k)
-        out_strides, (p.lse_stride_batch, p.lse_stride_head) = (0, *out.stride()[:2]), (0, sq)
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
+        p.num_seqs, p.max_seqlen_q, p.max_seqlen_k = n, int(max_q), int(max_k)
+        p.total_q, p.total_k = sq, sk   # offsets are clamped to these on the device
+        out_strides, lse_strides = (0, *out.stride()[:2]), (0, sq)
     else:
         p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d)
-        out_strides, (p.lse_stride_batch, p.lse_stride_head) = out.stride()[:3], (h * sq, sq)
+        out_strides, lse_strides = out.stride()[:3], (h * sq, sq)
+    if not fast:   # the fast path's LSE layouts are fixed (the same ones)
+        p.lse_stride_batch, p.lse_stride_head = lse_strides
+    if seqused_k is not None:
+        p.seqused_k = seqused_k.data_ptr()
     dev.set_output(p, out, lse if return_lse else None, softmax_scale, out_strides)
-    with torch.cuda.device(q_codes.device):
-        _ext.load().attention_general(p, dev.stream(q_codes.device))
+    with torch.cuda.device(qc.device):
+        (ext.attention_fp8 if fast else ext.attention_general)(p, dev.stream(qc.device))
     return out, lse
+
+
+def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k):
+    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
+    like = dev.like(tensors[0])
+    return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype))
+
+
+@torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
+                         schema=_SEQUENCE_SCHEMA)
+def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
+                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None):
+    return _launch_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                            return_lse, seqused_k)
 
 
 @_attention_general.register_fake
 def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse):
-    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    packed, sizes = _checks.check_general_op_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  softmax_scale, mid_window_blocks)
-    return _general_outputs(packed, sizes, return_lse, dev.like(q_codes))
+                            return_lse, seqused_k=None):
+    return _fake_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
+                          seqused_k)
+
+
+@torch.library.custom_op("open_vc_attn::attention_fp8_full", mutates_args=(), device_types="cuda",
+                         schema=_SEQUENCE_SCHEMA)
+def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
+                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
+                        seqused_k=None):
+    return _launch_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                            return_lse, seqused_k)
+
+
+@_attention_fp8_full.register_fake
+def _attention_fp8_full_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                             return_lse, seqused_k=None):
+    return _fake_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
+                          seqused_k)

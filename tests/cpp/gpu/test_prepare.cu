@@ -204,6 +204,26 @@ TEST_P(PrepareSpecial, NonFinite) {
   run_and_check(s, in, 0);
 }
 
+// Tiny groups (numerics section 1): a group whose 448 / amax overflows (amax below ~1.3e-36: BF16
+// subnormals, 1e-37 values) is all zeros with descale 0 — never a NaN code through an infinite scale.
+// Q block 0 of head 0 at 1e-37, a K block of BF16 subnormals, all of V head 1 at 3e-38.
+TEST_P(PrepareSpecial, TinyGroupsAreZeros) {
+  SKIP_WITHOUT_SM90();
+  const Shape s{GetParam(), 1, 300, 300, 2, 128, Layout::kContiguous};
+  Inputs in = random_inputs(s, 13);
+  const bool bf16 = s.dtype == DType::kBFloat16;
+  // FP16 has no such values (its smallest subnormal is 6e-8): its tiny group is all zeros except one
+  // subnormal, which must still give a finite scale.
+  const float tq = bf16 ? 1e-37f : 6e-8f, tk = bf16 ? 9.2e-41f : 6e-8f, tv = bf16 ? 3e-38f : 1.2e-7f;
+  for (int i = 0; i < 128; ++i)
+    for (int d = 0; d < s.D; ++d) in.q.set(s.dtype, in.q.index(0, i, 0, d), (d % 3 ? tq : -tq) * (1 + i % 2));
+  for (int i = 128; i < 256; ++i)
+    for (int d = 0; d < s.D; ++d) in.k.set(s.dtype, in.k.index(0, i, 1, d), d % 5 ? tk : 0.0f);
+  for (int i = 0; i < 300; ++i)
+    for (int d = 0; d < s.D; ++d) in.v.set(s.dtype, in.v.index(0, i, 1, d), (i + d) % 4 ? tv : -tv);
+  run_and_check(s, in, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Prepare, PrepareSpecial, ::testing::Values(DType::kBFloat16, DType::kFloat16),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(i.param == DType::kBFloat16 ? "bf16" : "f16");

@@ -58,6 +58,31 @@ TEST(Quantize, AllZeroGroup) {
   for (uint8_t c : v.codes) EXPECT_EQ(c, 0);
 }
 
+// Numerics section 1: where 448 / amax is not finite the group is zeros (scale_inv 0, descale 0), so
+// no code is NaN; a group just above the threshold keeps a finite scale and real codes.
+TEST(Quantize, TinyGroupsAreZeros) {
+  const Sequences s = Sequences::Batched(1, 256, 1, 16);
+  std::vector<float> x(256 * 16, 0.0f);
+  for (int t = 0; t < 128; ++t)
+    for (int c = 0; c < 16; ++c) x[t * 16 + c] = (c % 2 ? 1e-37f : -9.2e-41f);   // block 0: tiny
+  for (int t = 128; t < 256; ++t)
+    for (int c = 0; c < 16; ++c) x[t * 16 + c] = 2e-36f * float(1 + c % 3);       // block 1: small, finite
+  BlockQuantized q;
+  ASSERT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+  EXPECT_EQ(q.descale[0], 0.0f);
+  for (int t = 0; t < 128; ++t)
+    for (int c = 0; c < 16; ++c) EXPECT_EQ(q.codes[t * 16 + c] & 0x7F, 0) << "token " << t;
+  EXPECT_GT(q.descale[1], 0.0f);
+  EXPECT_TRUE(std::isfinite(448.0f / (q.descale[1] * 448.0f)));
+  for (int t = 128; t < 256; ++t)
+    for (int c = 0; c < 16; ++c) EXPECT_NE(q.codes[t * 16 + c] & 0x7F, 0x7F) << "token " << t;
+  HeadQuantized v;
+  ASSERT_TRUE(quantize_heads(x.data(), Sequences::Batched(1, 128, 1, 16), &v).ok());  // the tiny block alone
+  EXPECT_EQ(v.descale[0], 0.0f);
+  EXPECT_EQ(v.scale_inv[0], 0.0f);
+  for (int i = 0; i < 128 * 16; ++i) EXPECT_EQ(v.codes[i] & 0x7F, 0);
+}
+
 TEST(Quantize, OneHugeValue) {
   const Sequences s = Sequences::Batched(1, 128, 1, 32);
   std::vector<float> x(128 * 32, 1.0f);
