@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summary of an Nsight Compute per-instruction export (scripts/device/profile_source.sh writes
+"""Summary of an Nsight Compute per-instruction export (`scripts/device/check.sh profile` writes
 ncu_source.csv): stall reasons over the whole kernel, the instructions with the most warp samples and
 the samples by opcode, so a profile can be read on the CPU machine.
 

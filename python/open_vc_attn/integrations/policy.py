@@ -30,7 +30,7 @@ class DispatchPolicy:
 
     min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
     framework. 1024 keeps text cross-attention (Wan: 512 text tokens, 257 image tokens) and short
-    sequences off openvc; scripts/device/integrations_check.sh prints the measured crossover.
+    sequences off openvc; `scripts/device/check.sh integrations` prints the measured crossover.
     head_dims: head dims openvc takes (the fast path: 128).
     """
     min_query_tokens: int = 1024

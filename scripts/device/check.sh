@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# The one entry point for work on the GPU machine: named steps, run in the order given, each logging to
+# $OUT/<step>.log and printing a short summary; a failing step is reported and the next one still runs
+# (exit status 1 if any failed). scripts/README.md maps each doc to the step it cites.
+#
+#   bash scripts/device/check.sh STEP [STEP ...]        e.g.  check.sh install cpp-tests sanitizer pytest
+#   bash scripts/device/check.sh help
+#
+# Steps (C++ ones use binaries built on the CPU machine and carried: $BUILD/src/libopenvc.so,
+# $BUILD/tests/cpp/openvc_gpu_tests, $BUILD/openvc_bench_attention; Python ones the installed package):
+#   install           build the package wheel with this machine's torch (no network: --no-build-isolation
+#                     --no-deps; needs third_party/cutlass/include carried) and install it. Python steps
+#                     run it once per call by themselves (OPENVC_SKIP_INSTALL=1: use what is installed;
+#                     OPENVC_WHEEL=path: install that wheel instead of building one).
+#   cpp-tests         the C++ GPU suites ($CPP_FILTER, default all).
+#   sanitizer         compute-sanitizer memcheck and racecheck on small shapes of each kernel family
+#                     ($SANITIZER_FILTERS, space-separated gtest filters).
+#   sass              instruction counts of the attention kernel's SASS (cuobjdump).
+#   kernel-bench      openvc_bench_attention over $KERNEL_SHAPES ("S H" pairs).
+#   variants          the stage-breakdown variants, interleaved and paired (binary built with
+#                     -DOPENVC_BENCH_VARIANTS=ON), S = 73,397 at H = 7, 14, 56, $VARIANT_ROUNDS rounds.
+#   profile           Nsight Compute profile of the production kernel (S = 32,768, H = 7): ncu_details.txt
+#                     and the per-instruction CSV ncu_source.csv (read it with scripts/profile_summary.py).
+#   pytest            the Python tests against the installed package ($PYTEST_ARGS, default tests/python).
+#   smoke             open-vc-attn-check --smoke.
+#   bench PRESET      open-vc-attn-bench --preset PRESET with the options below, then open-vc-attn-report;
+#                     $BENCH_ARGS are appended (later options win). PRESET is a preset of the benchmark or
+#                     one of the two named runs video-kernel / video-repair-vc.
+#   repair-eval       scripts/device/repair_selection_eval.py (energy vs attention-aware selection).
+#   vc-cost           the VC baseline's stage costs at S = 73,397, H = 56 (baselines.benchmark_vc).
+#   integrations      diffusers and SGLang: the carried .whl/*.whl (diffusers, sglang, pyzmq) into /tmp/site,
+#                     the integration tests and the four examples.
+#   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
+# Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
+set -u
+OUT=${OUT:-/tmp/out}
+BUILD=${BUILD:-build/dev}
+PY=${PYTHON:-python3}
+REPO=$PWD
+CPP_TESTS=$BUILD/tests/cpp/openvc_gpu_tests
+KERNEL_BENCH=$BUILD/openvc_bench_attention
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# The Python package must load its own libopenvc.so (RUNPATH $ORIGIN), never the carried one (a library
+# built with another toolchain need not match this machine's libstdc++): C++ steps set the path locally.
+unset LD_LIBRARY_PATH
+
+cpp_env() { export LD_LIBRARY_PATH=$REPO/$BUILD/src; }
+tool() { command -v "$1" 2>/dev/null || ls $2 2>/dev/null | head -1; }
+
+# ---- install (one block for every Python step) -------------------------------------------------------------
+
+WHEEL_DIR=/tmp/openvc-wheel
+INSTALLED=0
+WHEEL_PID=
+
+wheel_start() {  # builds the wheel in the background, so that C++ steps can run meanwhile
+  [ -n "$WHEEL_PID" ] || [ "$INSTALLED" = 1 ] || [ "${OPENVC_SKIP_INSTALL:-0}" = 1 ] || [ -n "${OPENVC_WHEEL:-}" ] \
+    && return 0
+  rm -rf "$WHEEL_DIR"
+  ( export OPENVC_CUTLASS_INCLUDE=$REPO/third_party/cutlass/include CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+    time "$PY" -m pip wheel -q --no-build-isolation --no-deps "$REPO" -w "$WHEEL_DIR" ) > "$OUT/install.log" 2>&1 &
+  WHEEL_PID=$!
+}
+
+step_install() {
+  [ "$INSTALLED" = 1 ] && return 0
+  if [ "${OPENVC_SKIP_INSTALL:-0}" = 1 ]; then
+    "$PY" -c "import open_vc_attn._openvc_ext" || { echo "install: OPENVC_SKIP_INSTALL=1 but nothing installed"; return 1; }
+    INSTALLED=1; return 0
+  fi
+  local wheel=${OPENVC_WHEEL:-}
+  if [ -z "$wheel" ]; then
+    wheel_start
+    wait "$WHEEL_PID" || { echo "install: wheel build FAILED"; tail -30 "$OUT/install.log"; WHEEL_PID=; return 1; }
+    WHEEL_PID=
+    wheel=$(ls "$WHEEL_DIR"/*.whl | head -1)
+  fi
+  "$PY" -m pip install -q --no-deps --force-reinstall "$wheel" >> "$OUT/install.log" 2>&1 \
+    || { echo "install: pip install FAILED"; tail -20 "$OUT/install.log"; return 1; }
+  INSTALLED=1
+  (cd /tmp && "$PY" -c "import open_vc_attn; print('install:', open_vc_attn.__file__)")
+}
+
+# ---- C++ steps (carried binaries) ---------------------------------------------------------------------------
+
+step_cpp_tests() {
+  (cpp_env
+   timeout 420 "$CPP_TESTS" --gtest_filter="${CPP_FILTER:-*}" 2>&1 | grep -vE "^\[ +(RUN|OK) +\]" > "$OUT/cpp-tests.log"
+   rc=${PIPESTATUS[0]}
+   grep -E "^\[  (PASSED|FAILED) |FAILED TEST|^\[==========\]" "$OUT/cpp-tests.log" | tail -12
+   exit "$rc")
+}
+
+step_sanitizer() {
+  local filters=${SANITIZER_FILTERS:-"Sm90Attention.SmallShapes:Prepare/PrepareShapes.*B2_Sq1000*:PrepareVarlen*
+    Sm90Attention.ZeroResidual* GeneralAttention.PackedThreeSequences RepairGiven.* VcPrepare.ByteIdenticalToReference"}
+  local san rc=0
+  san=$(tool compute-sanitizer /usr/local/cuda/bin/compute-sanitizer)
+  (cpp_env
+   for f in $filters; do
+     for t in memcheck racecheck; do
+       timeout 150 "$san" --tool $t --error-exitcode 9 "$CPP_TESTS" --gtest_filter="$f" >> "$OUT/sanitizer.log" 2>&1
+       r=$?
+       echo "sanitizer $t $f: rc=$r $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+       [ $r = 0 ] || rc=1
+     done
+   done
+   exit $rc)
+}
+
+step_sass() {
+  local objdump
+  objdump=$(tool cuobjdump /usr/local/cuda/bin/cuobjdump)
+  [ -n "$objdump" ] || { echo "sass: cuobjdump not found"; return 1; }
+  "$objdump" -sass "$BUILD/src/libopenvc.so" > "$OUT/libopenvc.sass" 2>/dev/null || return 1
+  echo "SASS of the attention kernel (instruction counts):"
+  awk '/Function : .*expcast_attention/{f=1} /Function : /{if($0 !~ /expcast_attention/) f=0} f' "$OUT/libopenvc.sass" |
+    grep -oE "(QGMMA|MUFU\.[A-Z0-9]+|F2FP\.[A-Z0-9.]+|LDL|STL|CALL[A-Z.]*|HMNMX2|PRMT|WARPGROUP\.[A-Z]+)" | sort | uniq -c |
+    tee "$OUT/sass.log"
+}
+
+step_kernel_bench() {
+  local shapes=${KERNEL_SHAPES:-"73397,7 73397,14 73397,56 32760,40 4096,7"} rc=0
+  (cpp_env
+   for sh in $shapes; do   # S,H pairs
+     timeout 120 "$KERNEL_BENCH" ${sh%,*} ${sh#*,} 1 7 4 2>&1 | tee -a "$OUT/kernel-bench.log"
+     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+   done
+   exit $rc)
+}
+
+step_variants() {
+  (cpp_env
+   rc=0
+   for h in 7 14 56; do
+     timeout 240 "$KERNEL_BENCH" 73397 $h 1 "${VARIANT_ROUNDS:-7}" 4 variants 2>&1 | tee -a "$OUT/variants.log"
+     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+   done
+   exit $rc)
+}
+
+step_profile() {
+  local ncu
+  ncu=$(tool ncu "/opt/nvidia/nsight-compute/*/ncu")
+  [ -n "$ncu" ] || { echo "profile: ncu not found"; return 1; }
+  (cpp_env
+   timeout 300 "$ncu" --clock-control none -k regex:expcast_attention --launch-skip 0 --launch-count 1 \
+     --section SourceCounters --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
+     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+     -o "$OUT/prof" -f "$KERNEL_BENCH" 32768 7 1 1 4 > "$OUT/ncu_run.txt" 2>&1 || { tail -20 "$OUT/ncu_run.txt"; exit 1; }
+   tail -3 "$OUT/ncu_run.txt")
+  "$ncu" --import "$OUT/prof.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  "$ncu" --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1
+  wc -l "$OUT/ncu_source.csv"
+  grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu_details.txt" | head -12
+}
+
+# ---- Python steps (the installed package; run from /tmp so that the source tree is not imported) -----------
+
+step_pytest() {
+  step_install || return 1
+  local args=() a
+  eval "set -- ${PYTEST_ARGS:-tests/python}"   # keeps quoted words, e.g. -k "not integrations"
+  for a in "$@"; do
+    case $a in -*) args+=("$a") ;; *) if [ -e "$REPO/${a%%::*}" ]; then args+=("$REPO/$a"); else args+=("$a"); fi ;; esac
+  done
+  (cd /tmp && timeout 540 "$PY" -m pytest -q -rs -p no:cacheprovider "${args[@]}" > "$OUT/pytest.log" 2>&1)
+  local rc=$?
+  grep -E "passed|failed|FAILED|^E  |Error" "$OUT/pytest.log" | tail -25
+  return $rc
+}
+
+step_smoke() {
+  step_install || return 1
+  (cd /tmp && timeout 120 open-vc-attn-check --smoke 2>&1 | tee "$OUT/smoke.log" | tail -15; exit "${PIPESTATUS[0]}")
+}
+
+step_bench() {  # step_bench PRESET
+  step_install || return 1
+  local name=$1 opts
+  case $name in
+    video) opts="--preset video --time-budget-s 330" ;;
+    wan480) opts="--preset wan480 --backends open-vc,sdpa-cudnn --rounds 6 --no-ceilings --time-budget-s 60" ;;
+    sweep) opts="--preset sweep --backends open-vc,sdpa-cudnn --rounds 4 --time-budget-s 80" ;;
+    video-kernel) opts="--preset video --heads ${HEADS:-7,14,56} --backends open-vc,sdpa-cudnn --accuracy-rows 4096 --rounds 8" ;;
+    video-repair-vc) opts="--preset video --heads 7,14 --backends open-vc,open-vc-repair,vc,sdpa-cudnn \
+                           --repair-budgets 0,0.005 --accuracy-rows 4096 --rounds 8" ;;
+    *) opts="--preset $name" ;;
+  esac
+  local json=$OUT/bench-$name.json
+  (cd /tmp && timeout 540 open-vc-attn-bench $opts ${GIT_COMMIT:+--git-commit "$GIT_COMMIT"} ${BENCH_ARGS:-} \
+     --out "$json" > "$OUT/bench-$name.log" 2>&1)
+  local rc=$?
+  grep -E "TF|ceilings|record" "$OUT/bench-$name.log" | tail -30
+  [ -f "$json" ] && (cd /tmp && open-vc-attn-report "$json" --out-dir "$OUT/report-$name" 2>&1 | tail -3)
+  return $rc
+}
+
+step_repair_eval() {
+  step_install || return 1
+  (cd /tmp && timeout 300 "$PY" "$REPO/scripts/device/repair_selection_eval.py" "$OUT/repair_eval.json" \
+     > "$OUT/repair-eval.log" 2>&1; r=$?; tail -25 "$OUT/repair-eval.log"; exit $r)
+}
+
+step_vc_cost() {
+  step_install || return 1
+  (cd /tmp && timeout 120 "$PY" - <<'PY' 2>&1 | tee "$OUT/vc-cost.log"; exit "${PIPESTATUS[0]}")
+import json, os, torch
+from open_vc_attn import baselines
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn(1, 73397, 56, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+r = baselines.benchmark_vc(q, k, v, iters=5)
+print("VC stages at S=73397 H=56 (random normal):", json.dumps(r))
+json.dump(r, open(os.path.join(os.environ.get("OUT", "/tmp/out"), "vc_cost.json"), "w"))
+PY
+}
+
+step_integrations() {
+  step_install || return 1
+  local rc=0
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$REPO"/.whl/*.whl >> "$OUT/integrations.log" 2>&1 || { echo "integrations: carry .whl/"; tail -20 "$OUT/integrations.log"; return 1; }
+  (export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+   cd /tmp && "$PY" -c "import open_vc_attn, diffusers, torch; print('open_vc_attn', open_vc_attn.__file__,
+'| diffusers', diffusers.__version__, '| torch', torch.__version__)" 2>&1 | tee -a "$OUT/integrations.log"
+   cd /tmp && timeout 400 "$PY" -m pytest -q -rs -s -p no:cacheprovider "$REPO/tests/python/test_integrations_policy.py" \
+     "$REPO/tests/python/test_integrations_diffusers.py" "$REPO/tests/python/test_integrations_sglang.py" \
+     >> "$OUT/integrations.log" 2>&1 || rc=1
+   grep -E "passed|failed|SKIPPED|FAILED|Error|sglang attention backends|Wan random" "$OUT/integrations.log" | tail -20
+   cd "$REPO"
+   for ex in "diffusers_wan.py --frames 11 --json $OUT/diffusers_wan_17k.json" \
+             "diffusers_wan.py --frames 21 --require-speedup --json $OUT/diffusers_wan_33k.json" \
+             "sglang_backend.py --json $OUT/sglang_backend.json" "policy_crossover.py --json $OUT/policy_crossover.json"; do
+     echo "== $ex" >> "$OUT/examples.log"
+     timeout 150 "$PY" examples/$ex >> "$OUT/examples.log" 2>&1 || { echo "FAILED: $ex"; rc=1; }
+   done
+   grep -vE "^\s*$" "$OUT/examples.log" | tail -32
+   exit $rc)
+}
+
+step_ulysses() {
+  step_install || return 1
+  local n
+  n=$(nvidia-smi -L | wc -l)
+  (cd /tmp && timeout 540 "$PY" -m torch.distributed.run --nproc_per_node="$n" "$REPO/scripts/device/ulysses_multi_gpu.py" \
+     --heads 56 --iters 5 --json "$OUT/ulysses.json" 2>&1 | tee "$OUT/ulysses.log" | grep "\[ulysses\]"; exit "${PIPESTATUS[0]}")
+}
+
+# ---- driver -------------------------------------------------------------------------------------------------
+
+[ $# -gt 0 ] && [ "$1" != help ] || { sed -n '2,/^set -u/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0; }
+STEPS=()
+while [ $# -gt 0 ]; do   # bench takes its preset as the next word
+  if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
+done
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations ulysses "
+CPP_STEPS=" cpp-tests sanitizer sass kernel-bench variants profile "
+for s in "${STEPS[@]}"; do
+  case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
+    { echo "check.sh: unknown step '$s' (bash scripts/device/check.sh help)"; exit 2; } ;; esac
+done
+for s in "${STEPS[@]}"; do   # a Python step ahead: the wheel builds while the C++ steps run
+  if [[ $PY_STEPS == *" $s "* || $s == bench:* ]]; then wheel_start; break; fi
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader \
+  | tee "$OUT/gpu.txt"
+FAILED=()
+for s in "${STEPS[@]}"; do
+  echo "==== $s"
+  case $s in
+    bench:*) step_bench "${s#bench:}" ;;
+    *) "step_${s//-/_}" ;;
+  esac || FAILED+=("$s")
+done
+[ -n "$WHEEL_PID" ] && wait "$WHEEL_PID"
+if [ ${#FAILED[@]} -gt 0 ]; then echo "check.sh: FAILED steps: ${FAILED[*]}"; exit 1; fi
+echo "check.sh: all steps passed (${STEPS[*]})"
