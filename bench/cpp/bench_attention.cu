@@ -197,7 +197,9 @@ int main(int argc, char** argv) {
     }
   }
 #ifdef OPENVC_BENCH_VARIANTS
-  if (argc > 6 && std::string(argv[6]) == "variants") {
+  // "variants": every probe; "prev": production and the previous kernel only (side by side).
+  if (argc > 6 && (std::string(argv[6]) == "variants" || std::string(argv[6]) == "prev")) {
+    const bool only_prev = std::string(argv[6]) == "prev";
     using namespace openvc::sm90;
     struct V {
       const char* name;
@@ -220,7 +222,7 @@ int main(int argc, char** argv) {
         {"fp32 accumulate every tile", launch_kernel<kPlainMode, kFlushEvery1>},
         {"fp32 accumulate every 4 tiles", launch_kernel<kPlainMode, kFlushEvery4>},
     };
-    constexpr int kNum = sizeof(variants) / sizeof(variants[0]);
+    const int kNum = only_prev ? 2 : int(sizeof(variants) / sizeof(variants[0]));
     LaunchPlan plan;
     CHECK_OK(plan_attention(ap, nullptr, &plan));
     // Output of the production kernel, to show how far each variant's result moves (rel L2).
@@ -228,7 +230,7 @@ int main(int argc, char** argv) {
     CHECK_OK(openvc::attention_fp8(ap, s));
     CHECK_CUDA(cudaMemcpyAsync(base.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
-    double rel[kNum];
+    std::vector<double> rel(kNum);
     for (int v = 0; v < kNum; ++v) {
       CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));  // poison: NaN bf16
       CHECK_OK(variants[v].launch(plan, s));
@@ -243,9 +245,9 @@ int main(int argc, char** argv) {
     }
     // Interleaved rounds (every variant once per round, order rotating) and paired ratios against
     // production in the same round: the spread between calls is far larger than within one.
-    std::vector<float> times[kNum], ratios[kNum];
+    std::vector<std::vector<float>> times(kNum), ratios(kNum);
     for (int r = 0; r < rounds; ++r) {
-      float tr[kNum];
+      std::vector<float> tr(kNum);
       for (int k = 0; k < kNum; ++k) {
         const int v = (k + r) % kNum;
         tr[v] = graph_median_ms([&] { CHECK_OK(variants[v].launch(plan, s)); }, s, 1, reps);

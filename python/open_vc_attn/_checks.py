@@ -12,7 +12,7 @@ import math
 import numbers
 
 from ._layout import (FP8_LAYOUTS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
-                      PREPARE_HEAD_DIMS, VC_NAMES, VERSIONS, fp8_expectations, repair_expectations,
+                      PREPARE_HEAD_DIMS, QUANT_BLOCK, VC_NAMES, VERSIONS, fp8_expectations, repair_expectations,
                       varlen_expectations, vc_expectations)
 
 

@@ -17,6 +17,7 @@
 #                     ($SANITIZER_FILTERS, space-separated gtest filters).
 #   sass              instruction counts of the attention kernel's SASS (cuobjdump).
 #   kernel-bench      openvc_bench_attention over $KERNEL_SHAPES ("S H" pairs).
+#   prev              the production kernel against an earlier commit's (scripts/prev_kernel.sh), paired.
 #   variants          the stage-breakdown variants, interleaved and paired (binary built with
 #                     -DOPENVC_BENCH_VARIANTS=ON), S = 73,397 at H = 7, 14, 56, $VARIANT_ROUNDS rounds.
 #   profile           Nsight Compute profile of the production kernel (S = 32,768, H = 7): ncu_details.txt
@@ -125,6 +126,18 @@ step_kernel_bench() {
   (cpp_env
    for sh in $shapes; do   # S,H pairs
      timeout 120 "$KERNEL_BENCH" ${sh%,*} ${sh#*,} 1 7 4 2>&1 | tee -a "$OUT/kernel-bench.log"
+     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+   done
+   exit $rc)
+}
+
+# The production kernel against an earlier commit's (scripts/prev_kernel.sh; binary built with
+# -DOPENVC_BENCH_PREV_KERNEL=...), interleaved and paired in one process, S = 73,397 at H = 7, 14, 56.
+step_prev() {
+  (cpp_env
+   rc=0
+   for h in ${PREV_HEADS:-7 14 56}; do
+     timeout 200 "$KERNEL_BENCH" 73397 $h 1 "${VARIANT_ROUNDS:-9}" 4 prev 2>&1 | tee -a "$OUT/prev.log"
      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
    done
    exit $rc)
@@ -255,7 +268,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations ulysses "
-CPP_STEPS=" cpp-tests sanitizer sass kernel-bench variants profile "
+CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 for s in "${STEPS[@]}"; do
   case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
     { echo "check.sh: unknown step '$s' (bash scripts/device/check.sh help)"; exit 2; } ;; esac

@@ -238,7 +238,7 @@ def test_general_path_grid_limits_name_the_argument(torch):
             open_vc_attn.attention_fp8(prepared)
         with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 batches"):
             ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, False, 4, False)
-        packed = torch.empty(65536, 1, 128, **dev)
+        packed = torch.empty(65536, 1, 64, **dev)   # head_dim 64: the general path (128 takes the fast path)
         cu = torch.arange(65537, dtype=torch.int32, device="cuda")
         with pytest.raises(ValueError, match="^cu_seqlens_q: the general path .* at most 65535 sequences"):
             open_vc_attn.attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,

@@ -52,6 +52,7 @@ def test_extension_prepare_varlen_checks_arguments():
         p = ext.PrepareParams()
         p.num_seqs, p.max_seqlen_q, p.max_seqlen_k, p.heads, p.head_dim = num_seqs, max_q, max_k, 1, head_dim
         p.cu_seqlens_q, p.cu_seqlens_k = 16, cu_k
+        p.total_q = p.total_k = 10
         return p
 
     with pytest.raises(ValueError, match=r"params\.cu_seqlens_k is null but cu_seqlens_q is set"):
@@ -60,6 +61,10 @@ def test_extension_prepare_varlen_checks_arguments():
         ext.prepare_fp8(params(0, 1, 1), 0)
     with pytest.raises(ValueError, match=r"params\.max_seqlen_k must be > 0"):
         ext.prepare_fp8(params(2, 5, 0), 0)
+    p = params(2, 5, 5)
+    p.total_k = -1   # unset: the kernels could not clamp the offsets
+    with pytest.raises(ValueError, match=r"params\.total_q and total_k .* are needed with cu_seqlens"):
+        ext.prepare_fp8(p, 0)
     p = params(2, 5, 5, head_dim=64)
     p.dtype = ext.DType.float16
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
@@ -130,14 +135,14 @@ def meta_prepared(torch, b=1, sq=200, sk=300, h=2, d=128):
                        batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=4, dtype=torch.bfloat16)
 
 
-def test_attention_fp8_rejects_varlen_preparation(torch):
+def test_attention_fp8_checks_varlen_preparation(torch):
+    """attention_fp8 takes packed preparations (the fast path's packed mode) and checks their layout."""
     p = meta_prepared(torch)
     assert not p.is_varlen
     cu = torch.empty(2, dtype=torch.int32, device="meta")
-    varlen = dataclasses.replace(p, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    varlen = dataclasses.replace(p, cu_seqlens_q=cu, cu_seqlens_k=cu, input_rank=3)
     assert varlen.is_varlen
-    with pytest.raises(ValueError, match=r"prepared: packed variable-length sequences \(cu_seqlens\) are not "
-                                         "supported yet by attention_fp8"):
+    with pytest.raises(ValueError, match=r"q_codes: packed sequences need rank 3 \[total, H, D\]"):
         open_vc_attn.attention_fp8(varlen)
 
 
