@@ -18,6 +18,7 @@ inline constexpr float kE4M3Max = 448.0f;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kCodeBias = 119.65f;     // 8*8 + 56 + beta, beta = -0.35
 inline constexpr uint8_t kMaxCode = 120;        // 0x78 = 256.0 = 2^8 * exp(0)
+inline constexpr float kHugeRowMax = 8388608.0f;  // 2^23 code units: rows at or past it get one ulp of slack
 
 // ---- E4M3 (FN variant: no infinities, 0x7F/0xFF are NaN, max finite 448) -------------------------
 uint8_t e4m3_encode(float x);  // round to nearest even, saturate to +-448, NaN -> 0x7F
@@ -61,6 +62,7 @@ float expcast_multiplier(float softmax_scale, float descale_q, float descale_k);
 // The byte the kernel writes for accumulator `acc` with multiplier `a` while the row's running max
 // in code units (max over visited keys of fl(acc * a)) is `row_max`:
 //   x = fmaf(acc, a, 119.65f - row_max);  code = clamp(rne(x), 0, 120)   (rne: ties to even)
+// (|row_max| >= 2^23: the addend is (119.65f - row_max) + ulp(row_max), numerics section 3.)
 // A NaN or -inf x gives code 0 (the kernel's relu conversion does the same).
 uint8_t expcast_code(float acc, float a, float row_max);
 

@@ -175,9 +175,12 @@ def prepared_meta(prepared, varlen=False) -> dict:
     return meta
 
 
-def check_prepared_fp8(prepared):
+def check_prepared_fp8(prepared, allow_varlen=False, what="this function"):
     """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype and the
     six tensors; returns prepared_meta's dict."""
+    if prepared.is_varlen and not allow_varlen:
+        raise ValueError(f"prepared: packed variable-length sequences (cu_seqlens) are not supported by {what}, which "
+                         "takes batched [B, S, H, D] preparations only")
     meta = prepared_meta(prepared, varlen=prepared.is_varlen)
     if prepared.is_varlen:
         check_varlen_fp8(prepared.tensors(), prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"],

@@ -76,7 +76,7 @@ def _check_prepared_kind(prepared):
 
 def _check_prepared_matches(prepared, v4):
     """A given PreparedFP8 must be a preparation of these tokens (same sizes and device)."""
-    meta = _checks.check_prepared_fp8(prepared)
+    meta = _checks.check_prepared_fp8(prepared, what="V residual repair")
     b, sk, h, d = (int(s) for s in v4.shape)
     if (meta["batch"], meta["seqlen_k"], meta["heads"], meta["head_dim"]) != (b, sk, h, d):
         raise ValueError(f"prepared: expected a preparation of k and v with B={b} Sk={sk} H={h} D={d}, got B="
@@ -128,7 +128,7 @@ def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
     want_lse = _checks.return_lse(return_lse)
     _checks.require_instance(prepared, PreparedRepair, "prepared",
                              "a PreparedRepair from open_vc_attn.repair.prepare_v_repair")
-    meta = _checks.check_prepared_fp8(prepared.prepared)
+    meta = _checks.check_prepared_fp8(prepared.prepared, what="V residual repair")
     rows = prepared.rows
     if isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or not 0 <= rows <= meta["seqlen_k"]:
         raise ValueError(f"prepared.rows: expected an int in [0, Sk = {meta['seqlen_k']}], got {rows!r}")

@@ -20,7 +20,12 @@ uint8_t expcast_code(float acc, float a, float row_max) {
   // The kernel evaluates the same FMA scaled by 2^-24 (exact: a power of two) and lets the
   // round-to-nearest-even conversion to an f16 subnormal (spacing 2^-24) do the integer rounding,
   // with relu for the clip at 0; NaN and -inf give 0 there too.
-  const float bias = kCodeBias - row_max;
+  float bias = kCodeBias - row_max;
+  // A row max of 2^23 code units or more (scores beyond ~7e5 nats) is beyond FP32's resolution of a
+  // code step: one ulp of slack lets the row's maximum reach code 120 whatever the roundings, so its
+  // denominator is never 0 (numerics section 3, "Huge scores"); the clip below keeps codes <= 120.
+  if (std::fabs(row_max) >= kHugeRowMax && std::isfinite(row_max))
+    bias += std::ldexp(1.0f, std::ilogb(row_max) - 23);
   const float x = std::fmaf(acc, a, bias);
   if (std::isnan(x) || x <= 0.0f) return 0;
   const float c = std::min(std::nearbyint(x), static_cast<float>(kMaxCode));  // default mode: ties to even

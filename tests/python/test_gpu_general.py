@@ -65,30 +65,37 @@ def packed_lse(lse_ref, cu_q, h):
     return out
 
 
-def expect_matches_reference(out, lse, want, want_lse):
+def expect_matches_reference(out, lse, want, want_lse, fast=False):
     """The general path against the reference on the same inputs: same arithmetic up to the FP32
-    numerator, so BF16 outputs equal the reference's rounded ones except for rare one-step moves."""
+    numerator, so BF16 outputs equal the reference's rounded ones except for rare one-step moves.
+    fast: the output came from the sm_90a fast path (head_dim 128), whose FP8 tensor-core QK^T moves a
+    few codes across a rounding boundary: the kernel tolerances of the C++ tests."""
     got = out.float().cpu().numpy()
     want_bf16 = ref.to_bfloat16_values(want)
     assert np.isfinite(got).all()
     err = rel_l2(got, want_bf16)
     differ = float(np.mean(got != want_bf16))
-    assert err <= 1e-3 and differ <= 0.01, f"rel L2 {err:.2e}, {differ:.2%} of BF16 values differ"
-    assert np.abs(got - want_bf16).max() <= np.abs(want_bf16).max() / 128 + 1e-6
+    if fast:
+        assert err <= 5e-3, f"rel L2 {err:.2e}"
+        assert np.abs(got - want_bf16).max() <= 0.04 * np.abs(want_bf16).max() + 1e-3
+    else:
+        assert err <= 1e-3 and differ <= 0.01, f"rel L2 {err:.2e}, {differ:.2%} of BF16 values differ"
+        assert np.abs(got - want_bf16).max() <= np.abs(want_bf16).max() / 128 + 1e-6
     if lse is not None:
         g = lse.cpu().numpy().astype(np.float64)
         none = np.isneginf(want_lse)   # rows without a visible key
         assert np.array_equal(np.isneginf(g), none), "lse -inf exactly where no key is visible"
-        assert np.abs(g[~none] - want_lse[~none]).max() <= 1e-4
+        assert np.abs(g[~none] - want_lse[~none]).max() <= (0.03 if fast else 1e-4)
 
 
-def expect_lse_close_to_exact(lse, want_lse, exact_lse):
+def expect_lse_close_to_exact(lse, want_lse, exact_lse, fast=False):
     """The LSE against the exact log-sum-exp: as close as the reference's (same arithmetic)."""
     g = lse.cpu().numpy().astype(np.float64)
     fin = np.isfinite(exact_lse)
     assert np.array_equal(np.isneginf(g), ~fin)
     gpu_err, ref_err = np.abs(g[fin] - exact_lse[fin]).mean(), np.abs(want_lse[fin] - exact_lse[fin]).mean()
-    assert gpu_err <= 1.1 * ref_err + 1e-5 and gpu_err <= 0.1, f"lse vs exact {gpu_err:.4f} (reference {ref_err:.4f})"
+    slack = 5e-3 if fast else 1e-5
+    assert gpu_err <= 1.1 * ref_err + slack and gpu_err <= 0.1, f"lse vs exact {gpu_err:.4f} (reference {ref_err:.4f})"
 
 
 # ---- argument checks without a GPU (CPU / meta tensors) -------------------------------------------------
@@ -290,11 +297,12 @@ def test_batched_matches_reference(torch, b, sq, sk, h, d, causal, w):
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
     assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
     want, want_lse = ref.attention(qn, kn, vn, causal=causal, mid_window_blocks=w, return_lse=True)
-    expect_matches_reference(out, lse, want, want_lse)
+    fast = d == 128   # head_dim 128 runs on the fast path (causal mode), 64 on the general path
+    expect_matches_reference(out, lse, want, want_lse, fast)
     exact, exact_lse = ref.attention_exact(qn, kn, vn, causal=causal, return_lse=True)
     got = out.float().cpu().numpy()
-    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact) + 1e-4
-    expect_lse_close_to_exact(lse, want_lse, exact_lse)
+    assert rel_l2(got, exact) <= 1.1 * rel_l2(want, exact) + (1e-3 if fast else 1e-4)
+    expect_lse_close_to_exact(lse, want_lse, exact_lse, fast)
     if causal and sq > sk:
         assert not out[:, :sq - sk].any() and torch.isneginf(lse[:, :, :sq - sk]).all()
 
@@ -320,11 +328,12 @@ def test_packed_matches_reference(torch, lens_q, lens_k, h, d, causal, give_max)
     assert out.shape == q.shape and lse.shape == (h, q.shape[0])
     want, want_lse = ref.attention(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
     want_lse = packed_lse(want_lse, cu_q, h)
-    expect_matches_reference(out, lse, want, want_lse)
+    fast = d == 128   # head_dim 128 runs on the fast path (packed mode), 64 on the general path
+    expect_matches_reference(out, lse, want, want_lse, fast)
     exact, exact_lse = ref.attention_exact(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
                                            return_lse=True)
-    assert rel_l2(out.float().cpu().numpy(), exact) <= 1.1 * rel_l2(want, exact) + 1e-4
-    expect_lse_close_to_exact(lse, want_lse, packed_lse(exact_lse, cu_q, h))
+    assert rel_l2(out.float().cpu().numpy(), exact) <= 1.1 * rel_l2(want, exact) + (1e-3 if fast else 1e-4)
+    expect_lse_close_to_exact(lse, want_lse, packed_lse(exact_lse, cu_q, h), fast)
 
 
 @pytest.mark.gpu
@@ -415,8 +424,11 @@ def test_errors_on_gpu(torch):
         open_vc_attn.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck.cpu(), max_seqlen_q=20, max_seqlen_k=20)
     with pytest.raises(ValueError, match="^k: expected a CUDA tensor, got device cpu"):
         open_vc_attn.attention(q, k.cpu(), v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=20, max_seqlen_k=20)
-    with pytest.raises(ValueError, match=r"^prepared: packed variable-length sequences \(cu_seqlens\)"):
-        open_vc_attn.attention_fp8(open_vc_attn.prepare_fp8(q, k, v, cq, ck, 20, 20), causal=True)
+    # A packed preparation is attended like the one-call form (here head_dim 64: the general path).
+    prepared = open_vc_attn.prepare_fp8(q, k, v, cq, ck, 20, 20)
+    want = open_vc_attn.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=20, max_seqlen_k=20,
+                                  causal=True)
+    assert torch.equal(open_vc_attn.attention_fp8(prepared, causal=True), want)
 
 
 # ---- GPU: torch.library, torch.compile, CUDA graphs, streams, synchronization ----------------------------------

@@ -114,7 +114,8 @@ def test_errors_packed_sequences_are_rejected(torch):
         heads=2, head_dim=128, input_rank=3, dtype=torch.bfloat16, cu_seqlens_q=torch.zeros(2, dtype=torch.int32),
         cu_seqlens_k=torch.zeros(2, dtype=torch.int32))
     x = torch.zeros(8, 2, 128, dtype=torch.bfloat16, device="meta")
-    with pytest.raises(ValueError, match=r"^prepared: packed variable-length sequences \(cu_seqlens\)"):
+    with pytest.raises(ValueError, match=r"^prepared: packed variable-length sequences \(cu_seqlens\) are not "
+                                         "supported by V residual repair"):
         repair.prepare_v_repair(x, x, x, prepared=p)
 
 

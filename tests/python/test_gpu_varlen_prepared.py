@@ -246,8 +246,11 @@ def test_prepare_varlen_matches_reference(torch, dtype, d, lens_q, lens_k):
         codes, padding = unpack_slab(packed[s], int(lens_k[s]))
         np.testing.assert_array_equal(codes, rv.codes[cu_k[s]:cu_k[s + 1]], err_msg=f"v codes of sequence {s}")
         assert not padding.any(), f"padding of sequence {s} must be code 0"
-    with pytest.raises(ValueError, match="not supported yet by attention_fp8"):
-        open_vc_attn.attention_fp8(p)
+    # attention_fp8 takes the packed preparation: the same result as the one-call form.
+    cq, ck = torch.tensor(cu_q, device="cuda"), torch.tensor(cu_k, device="cuda")
+    want = open_vc_attn.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lens_q),
+                                  max_seqlen_k=max(lens_k))
+    assert torch.equal(open_vc_attn.attention_fp8(p), want)
 
 
 @pytest.mark.gpu

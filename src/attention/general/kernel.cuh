@@ -251,7 +251,10 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
         if (m_old != -INFINITY) alpha = float(exp2(double(__fdiv_rn(__fsub_rn(m_old, tmax), 8.0f))));
         m = tmax;
       }
-      const float bias = __fsub_rn(kCodeBias, m);
+      float bias = __fsub_rn(kCodeBias, m);
+      // Huge row max (numerics section 3): one ulp of slack, as the reference's expcast_code.
+      if (fabsf(m) >= 8388608.0f && fabsf(m) < INFINITY)
+        bias = __fadd_rn(bias, __int_as_float((__float_as_int(fabsf(m)) & 0x7F800000) - (23 << 23)));
       float psum = 0.0f;
 #pragma unroll
       for (int u = 0; u < 4; ++u) {

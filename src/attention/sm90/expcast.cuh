@@ -58,6 +58,18 @@ __device__ __forceinline__ uint32_t expcast_pair2_clipped(float s0, float s1, fl
   return h;
 }
 
+// Addend of a row in the clipped conversion. A row whose |M'| >= 0.5 (|M| >= 2^23 code units) cannot
+// have its scores resolved to a code step in FP32 (one ulp of M is >= 1 code): one ulp of slack makes
+// the row's maximum reach code 120 whatever the roundings, so l > 0 and the output is finite; keys
+// within about two ulps of the maximum tie at 120 (numerics section 3). Other rows: the plain addend.
+__device__ __forceinline__ float expcast_addend_huge(float row_max) {
+  const float b = expcast_addend(row_max);
+  const float a = fabsf(row_max);
+  if (!(a >= kHugeMaxScaled) || a == INFINITY) return b;
+  const float ulp = __int_as_float((__float_as_int(a) & 0x7F800000) - (23 << 23));   // 2^(e - 23), a normal
+  return b + ulp;
+}
+
 // Low bytes of two f16x2 registers -> four codes {lo0, hi0, lo1, hi1} in one 32-bit register.
 __device__ __forceinline__ uint32_t pack_codes(uint32_t h01, uint32_t h23) {
   return __byte_perm(h01, h23, 0x6420);
@@ -68,8 +80,9 @@ __device__ __forceinline__ uint32_t pack_codes(uint32_t h01, uint32_t h23) {
 __device__ __forceinline__ uint8_t expcast_code(float acc, float a, float row_max) {
   const float m = row_max * kDomainScale;
   const float b = expcast_addend(m);
-  const uint32_t h = fabsf(m) >= kHugeMaxScaled ? expcast_pair_clipped(acc, acc, a * kDomainScale, b)
-                                                : expcast_pair(acc, acc, a * kDomainScale, b);
+  const uint32_t h = fabsf(m) >= kHugeMaxScaled
+                         ? expcast_pair_clipped(acc, acc, a * kDomainScale, expcast_addend_huge(m))
+                         : expcast_pair(acc, acc, a * kDomainScale, b);
   return static_cast<uint8_t>(pack_codes(h, 0u) & 0xFFu);
 }
 

@@ -186,7 +186,6 @@ struct ConsumerState {
   uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
   float m_lo, m_hi;    // running maxima in scaled code units (2^-24 M): the codes' reference
   float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
-  bool huge;           // warp-uniform: some row's |M'| >= kHugeMaxScaled, so codes are clipped at 120
 };
 
 // Keys of a key block that rows g (lo) and g+8 (hi) of this thread may see, and whether any row of the
@@ -290,8 +289,7 @@ __device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
 // that scale when it is added (beta), which is exact arithmetic for the same result as rescaling O
 // and l at every increase (numerics section 4). O is rebased only when m runs 2^8 ahead of mo, so
 // most increases cost two exponentials instead of 136 multiplies. A tensor-core partial that is not
-// flushed yet holds products at the old m and is rescaled (rescale_pv). The huge-max flag is updated
-// here, where the max changes, so the conversion pays one uniform branch for it.
+// flushed yet holds products at the old m and is rescaled (rescale_pv).
 template <bool kGuard>
 __device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi, bool rescale_pv) {
   const float new_lo = fmaxf(st.m_lo, tile_lo);
@@ -303,11 +301,6 @@ __device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, flo
                shrink_exp2<kGuard>((st.m_hi - new_hi) * kMaxToLog2));
   st.m_lo = new_lo;
   st.m_hi = new_hi;
-  // |M'| large enough that the addend's rounding could push a code past 120 (never for real data:
-  // scores beyond ~7e5 nats); -inf (no key seen yet) codes 0 through the relu either way.
-  const float a_lo = fabsf(new_lo), a_hi = fabsf(new_hi);
-  st.huge = __any_sync(0xffffffffu, (a_lo >= kHugeMaxScaled && a_lo < INFINITY) ||
-                                        (a_hi >= kHugeMaxScaled && a_hi < INFINITY));
   if (st.mo_lo == -INFINITY) st.mo_lo = new_lo;  // first tile: O is still zero
   if (st.mo_hi == -INFINITY) st.mo_hi = new_hi;
   float gap_lo = (st.m_lo - st.mo_lo) * kMaxToLog2, gap_hi = (st.m_hi - st.mo_hi) * kMaxToLog2;
@@ -433,12 +426,15 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], float a, const Bl
 }
 
 // Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
+// clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
+// (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
+// Such tiles send every block through the general step, so the steady-state loop has no trace of it.
 template <int kProbe, bool kMaybePartial = true>
 __device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, const BlockMask& mask,
-                                             int t, bool first) {
+                                             int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
-  if (st.huge) convert_tile<true>(s, a, b_lo, b_hi, st.p);
+  if (kMaybePartial && clip) convert_tile<true>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
   else convert_tile<false>(s, a, b_lo, b_hi, st.p);
   if (kProbe & kDoubleConvert) {
     uint32_t p2[16];
@@ -460,6 +456,22 @@ __device__ __forceinline__ void step_group_impl(Step& step, int i, std::index_se
 template <int kGroup, bool kNeverFlush, class Step>
 __device__ __forceinline__ void step_group(Step& step, int i) {
   step_group_impl<kGroup, kNeverFlush>(step, i, std::make_index_sequence<kGroup>{});
+}
+
+// Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
+// needs the clip: |acc| <= 128 * 448^2 for E4M3 codes, so |M'| <= 128 * 448^2 * qscale * max dk over
+// the (b, h)'s key blocks. Never true for real data (the bound is ~1e-4 for video inputs). Each warp
+// reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
+__device__ __forceinline__ bool tile_may_be_huge(float qscale, const float* kd, int nk) {
+  // A uniform trip count (predicated loads, no divergent loop): divergence here would cost the
+  // consumer loop its uniform datapath (measured in the SASS: R2UR moves, WARPSYNC).
+  float m = 0.0f;
+  const int lane = threadIdx.x & 31;
+  for (int j0 = 0; j0 < nk; j0 += 32) m = fmaxf(m, j0 + lane < nk ? __ldg(kd + j0 + lane) : 0.0f);
+  constexpr float kMaxAcc = 128.0f * 448.0f * 448.0f;
+  // A vote, not a shuffle reduction: ptxas knows its result is uniform, so the loop bounds that depend
+  // on it stay uniform too (a shuffle-reduced flag made the whole consumer loop "divergent").
+  return __any_sync(0xffffffffu, kMaxAcc * qscale * m >= kHugeMaxScaled);
 }
 
 // Ping-pong probe: warpgroup wg issues its tensor-core work after the other one has issued its own.
@@ -521,7 +533,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
 #pragma unroll
     for (int i = 0; i < 68; ++i) st.o[i] = 0.0f;
     st.m_lo = st.m_hi = st.mo_lo = st.mo_hi = -INFINITY;
-    st.huge = false;
+    // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
+    // step for every block (measured: an inline guard in the steady state cost 3%).
+    const bool clip = !(kProbe & kNoHugeGuard) && tile_may_be_huge(qscale, kd, p.num_k_blocks);
     float s[64];
     TxBarrier::wait(&sh.q_full, iter & 1);
     ++iter;
@@ -543,7 +557,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       float t_lo, t_hi;
       tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
       update_max<kCausal>(st, t_lo, t_hi, false);
-      convert_step<kProbe>(st, s, a, mask, t, true);
+      convert_step<kProbe>(st, s, a, mask, t, true, clip);
     }
     RingState prev = ring;
     ring.advance();
@@ -597,23 +611,28 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
       update_max<kCausal>(st, t_lo, t_hi, !flush);
-      convert_step<kProbe, kMaybePartial>(st, s, a, mask, t, false);
+      convert_step<kProbe, kMaybePartial>(st, s, a, mask, t, false, clip);
       prev = ring;
       ring.advance();
     };
     int i = 1;
-    // Causal: the second block may be masked too (the diagonal spans two key blocks when Sk - Sq is
-    // not a multiple of 128); every later one is full, the last included.
+    // Causal visits its masked blocks (at most two: the diagonal spans two key blocks when Sk - Sq is
+    // not a multiple of 128) first in the order from the diagonal down, last in natural order.
+    int last_full = clip ? 0 : n - 2;   // clip: every block through the general step
     if constexpr (kCausal) {
-      if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
-      i = 2;
+      if (p.mid_window_blocks >= 0) {
+        if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
+        i = 2;
+        if (!clip) last_full = n - 1;   // every later block is full, the last included
+      } else if (!clip) {
+        last_full = n - 3;
+      }
     }
-    // Blocks 1 .. n-2 (causal: 2 .. n-1) in groups of the flush period (a flush after the group's
-    // last), then the remaining ones with the general step.
+    // The full blocks (1 .. n-2 without causal) in groups of the flush period (a flush after the
+    // group's last), then the remaining ones with the general step.
     if constexpr ((kProbe & kGeneralLoop) == 0) {
       constexpr bool kNeverFlush = (kProbe & kSkipAccumulate) != 0;
       constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kVc, kProbe>();
-      const int last_full = kCausal ? n - 1 : n - 2;
       for (; i + kGroup - 1 <= last_full; i += kGroup) step_group<kGroup, kNeverFlush>(step, i);
     }
     for (; i < n; ++i) step(i, std::true_type{}, std::integral_constant<int, 2>{});
@@ -630,7 +649,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       else accumulate_numerator(st);
       pv_fresh = true;
       convert_repair_tile(s, qscale, kd_rep + r * Cfg::kBlockN, p.repair_rows - r * Cfg::kBlockN,
-                          expcast_addend(st.m_lo), expcast_addend(st.m_hi), st.huge, t, st.p);
+                          clip ? expcast_addend_huge(st.m_lo) : expcast_addend(st.m_lo),
+                          clip ? expcast_addend_huge(st.m_hi) : expcast_addend(st.m_hi), clip, t, st.p);
       prev = ring;
       ring.advance();
     }

@@ -21,6 +21,8 @@ enum Probe : int {
   kFloatMax = 2048,     // row max with FMNMX instead of the integer three-input max (correct result)
   kGeneralLoop = 4096,  // every key block through the general step (branches for the partial block
                         // and the flush period in every iteration; correct result)
+  kNoHugeGuard = 8192,  // no huge-max flag and clipped conversion (the kernel before it; correct on
+                        // scores below ~7e5 nats)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
