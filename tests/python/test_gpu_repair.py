@@ -115,7 +115,7 @@ def test_errors_packed_sequences_are_rejected(torch):
         cu_seqlens_k=torch.zeros(2, dtype=torch.int32))
     x = torch.zeros(8, 2, 128, dtype=torch.bfloat16, device="meta")
     with pytest.raises(ValueError, match=r"^prepared: packed variable-length sequences \(cu_seqlens\) are not "
-                                         "supported by V residual repair"):
+                                         "supported by prepare_v_repair"):
         repair.prepare_v_repair(x, x, x, prepared=p)
 
 
