@@ -1,26 +1,18 @@
 """Sizes, constants and tensor layouts shared by every GPU module of open_vc_attn (torch-free).
 
-The constants that the C++ library defines are read from the extension (one source of truth):
+The constants that the C++ library defines are mirrored here and checked against the extension's
+exports by tests/python/test_package_structure.py (one source of truth, verified):
 ``DEFAULT_MID_WINDOW_BLOCKS`` (``openvc::AttentionParams{}.mid_window_blocks``, the default key traversal
 of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER`` and
-``QUANT_BLOCK``. Where the extension cannot be loaded (a source tree without a build) they are None and
-the GPU functions fail on call with the loader's ImportError.
+``QUANT_BLOCK``. They are not read from the extension at import: ``import open_vc_attn`` must not load
+libopenvc (measured on the H200: loading it before torch made torch's own import segfault), and must
+work where the extension is not built.
 """
 from __future__ import annotations
 
-from . import _ext
-
-
-def _ext_constant(name):
-    try:
-        return getattr(_ext.load(), name)
-    except ImportError:
-        return None
-
-
-DEFAULT_MID_WINDOW_BLOCKS = _ext_constant("DEFAULT_MID_WINDOW_BLOCKS")
-NATURAL_ORDER = _ext_constant("NATURAL_ORDER")        # openvc::kNaturalOrder (-1)
-PACKED_KEY_ORDER = _ext_constant("PACKED_KEY_ORDER")  # packed V column c holds key PACKED_KEY_ORDER[c]
+DEFAULT_MID_WINDOW_BLOCKS = 4  # openvc::AttentionParams{}.mid_window_blocks (_openvc_ext.DEFAULT_MID_WINDOW_BLOCKS)
+NATURAL_ORDER = -1             # openvc::kNaturalOrder
+PACKED_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)  # openvc::kPackedKeyOrder
 QUANT_BLOCK = 128              # tokens per Q/K descale group and per packed-V padding unit (openvc::kQuantBlock)
 KERNEL_HEAD_DIM = 128          # the only head dim of the sm_90a fast path, the repair path and VC
 PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8
@@ -78,7 +70,7 @@ def repair_expectations(b, h, d, rows):
 
 def packed_columns():
     """The inverse of PACKED_KEY_ORDER: key k of a 16-key group sits in packed column packed_columns()[k]."""
-    order = _ext.load().PACKED_KEY_ORDER
+    order = PACKED_KEY_ORDER
     cols = [0] * len(order)
     for col, key in enumerate(order):
         cols[key] = col

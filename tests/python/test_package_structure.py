@@ -134,6 +134,17 @@ def test_no_literal_mid_window_default():
     assert not literal, "literal mid_window_blocks defaults: " + ", ".join(literal)
 
 
+def test_importing_the_package_does_not_load_the_extension():
+    """import open_vc_attn (and its API module) must not load libopenvc: on the H200, loading it before
+    torch made torch's own import segfault. A fresh interpreter shows what the import loads."""
+    import subprocess
+    import sys
+    code = ("import sys, open_vc_attn, open_vc_attn.api, open_vc_attn._checks; "
+            "print('open_vc_attn._openvc_ext' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"], out
+
+
 def test_layout_constants_match_the_extension():
     from open_vc_attn import _ext, _layout
     ext = _ext.load()
