@@ -18,6 +18,7 @@
 #include "attention/sm90/mode.h"
 #include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
+#include "attention/sm90/softmax.cuh"
 #include "attention/sm90/traversal.h"
 
 namespace openvc::sm90 {
@@ -177,182 +178,11 @@ __device__ __forceinline__ void release(uint64_t* bar) {
   if ((threadIdx.x & 31) == 0) Barrier::arrive(bar);
 }
 
-// Per-thread view of the 64-row accumulator fragment: lane 4g+t holds rows g and g+8 of its warp's
-// 16 rows; in every 8-column chunk j, columns 8j+2t and 8j+2t+1 (indices 4j..4j+3: lo row pair,
-// hi row pair).
-struct ConsumerState {
-  float o[68];       // [O | l] in FP32: o[64..65] = l of row g, o[66..67] = l of row g+8
-  float pv[68];      // the current tile's P [V | 1] from the tensor cores
-  uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
-  float m_lo, m_hi;    // running maxima in scaled code units (2^-24 M): the codes' reference
-  float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
-};
-
-// Keys of a key block that rows g (lo) and g+8 (hi) of this thread may see, and whether any row of the
-// tile sees fewer than the whole block (uniform over the CTA, so the masked path never diverges).
-struct BlockMask {
-  int lo, hi;
-  bool on;
-};
-
-// Masked keys get code 0: clear their bytes after conversion (register p[4kb+r] holds columns
-// c, c+1, c+8, c+9 with c = 32kb + 16*(r>=2) + 2t, of row g for even r and row g+8 for odd r).
-__device__ __forceinline__ void mask_codes(uint32_t (&p)[16], int valid_lo, int valid_hi, int t) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int c = 32 * (i / 4) + ((i % 4) >= 2 ? 16 : 0) + 2 * t;
-    const int valid = (i % 2) == 0 ? valid_lo : valid_hi;
-    uint32_t keep = 0;
-    keep |= c < valid ? 0x000000FFu : 0u;
-    keep |= c + 1 < valid ? 0x0000FF00u : 0u;
-    keep |= c + 8 < valid ? 0x00FF0000u : 0u;
-    keep |= c + 9 < valid ? 0xFF000000u : 0u;
-    p[i] &= keep;
-  }
-}
-
-// 2^x on the MUFU unit (ex2.approx, ~2 ulp): the rescale factors need no more, and the accurate
-// exp2f adds range handling to every call.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// A row that has seen no key yet (causal: a row whose keys all lie in blocks visited later, or none
-// at all) keeps M = -inf, and -inf - -inf is NaN: kGuard maps such a row's factor to 1 (its O, l and
-// partial are 0). Elsewhere M >= M_O always, so the clamp changes nothing.
-template <bool kGuard>
-__device__ __forceinline__ float growth_exp2(float gap_log2) {
-  return fast_exp2(kGuard ? fmaxf(gap_log2, 0.0f) : gap_log2);
-}
-template <bool kGuard>
-__device__ __forceinline__ float shrink_exp2(float gap_log2) {
-  return fast_exp2(kGuard ? fminf(gap_log2, 0.0f) : gap_log2);
-}
-
-// Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
-// with beta = 2^((m - mo)/8) <= 2^8. kChunks 17: O and l; 16: O only (repair tiles add to the
-// numerator only, numerics section 6, so l stays the denominator of the original keys).
-template <int kChunks = 17, bool kGuard = false>
-__device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
-  const float beta_lo = growth_exp2<kGuard>((st.m_lo - st.mo_lo) * kMaxToLog2);
-  const float beta_hi = growth_exp2<kGuard>((st.m_hi - st.mo_hi) * kMaxToLog2);
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
-    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
-    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
-    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
-  }
-}
-__device__ __forceinline__ void accumulate_numerator(ConsumerState& st) { accumulate_tile<16>(st); }
-
-// VC mode (numerics section 7): the tile's block mean comes back through its probability row sum,
-// O += beta (P Vres + l_tile mu / dv) with mu / dv from shared memory (the same stage as the V tile).
-__device__ __forceinline__ void accumulate_tile_vc(ConsumerState& st, const float* mean, int t) {
-  const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
-  const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
-  const float l_lo = st.pv[64], l_hi = st.pv[66];
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float2 mu = *reinterpret_cast<const float2*>(mean + 8 * j + 2 * t);
-    st.o[4 * j + 0] = fmaf(fmaf(l_lo, mu.x, st.pv[4 * j + 0]), beta_lo, st.o[4 * j + 0]);
-    st.o[4 * j + 1] = fmaf(fmaf(l_lo, mu.y, st.pv[4 * j + 1]), beta_lo, st.o[4 * j + 1]);
-    st.o[4 * j + 2] = fmaf(fmaf(l_hi, mu.x, st.pv[4 * j + 2]), beta_hi, st.o[4 * j + 2]);
-    st.o[4 * j + 3] = fmaf(fmaf(l_hi, mu.y, st.pv[4 * j + 3]), beta_hi, st.o[4 * j + 3]);
-  }
-#pragma unroll
-  for (int i = 64; i < 68; ++i) st.o[i] = fmaf(st.pv[i], i < 66 ? beta_lo : beta_hi, st.o[i]);
-}
-
 // Flush of the tensor-core partial into the FP32 accumulator, in the kernel's mode.
 template <int kMode>
 __device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage<kMode>& sh, int stage, int t) {
   if constexpr (has_mode<kMode>(kVcMode)) accumulate_tile_vc(st, sh.vc_mean[stage], t);
   else accumulate_tile<17, has_mode<kMode>(kCausalMode)>(st);
-}
-
-template <int N>
-__device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
-#pragma unroll
-  for (int j = 0; j < N / 4; ++j) {
-    x[4 * j + 0] *= lo;
-    x[4 * j + 1] *= lo;
-    x[4 * j + 2] *= hi;
-    x[4 * j + 3] *= hi;
-  }
-}
-
-// Zero deadband: every increase of the max is applied before conversion (the codes' reference m).
-// O and l need not follow m at once: they stay at a lagging max mo, and each PV product is brought to
-// that scale when it is added (beta), which is exact arithmetic for the same result as rescaling O
-// and l at every increase (numerics section 4). O is rebased only when m runs 2^8 ahead of mo, so
-// most increases cost two exponentials instead of 136 multiplies. A tensor-core partial that is not
-// flushed yet holds products at the old m and is rescaled (rescale_pv).
-template <bool kGuard>
-__device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi, bool rescale_pv) {
-  const float new_lo = fmaxf(st.m_lo, tile_lo);
-  const float new_hi = fmaxf(st.m_hi, tile_hi);
-  const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
-  if (!__any_sync(0xffffffffu, grew)) return;
-  if (rescale_pv)  // exp2(-inf) = 0 cannot occur: a partial exists only after the first tile
-    scale_rows(st.pv, shrink_exp2<kGuard>((st.m_lo - new_lo) * kMaxToLog2),
-               shrink_exp2<kGuard>((st.m_hi - new_hi) * kMaxToLog2));
-  st.m_lo = new_lo;
-  st.m_hi = new_hi;
-  if (st.mo_lo == -INFINITY) st.mo_lo = new_lo;  // first tile: O is still zero
-  if (st.mo_hi == -INFINITY) st.mo_hi = new_hi;
-  float gap_lo = (st.m_lo - st.mo_lo) * kMaxToLog2, gap_hi = (st.m_hi - st.mo_hi) * kMaxToLog2;
-  if (kGuard) gap_lo = fmaxf(gap_lo, 0.0f), gap_hi = fmaxf(gap_hi, 0.0f);
-  if (__any_sync(0xffffffffu, gap_lo > 8.0f || gap_hi > 8.0f)) {
-    scale_rows(st.o, fast_exp2(-gap_lo), fast_exp2(-gap_hi));
-    st.mo_lo = st.m_lo;
-    st.mo_hi = st.m_hi;
-  }
-}
-
-// Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
-// row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
-// (kPackedKeyOrder) so this register order is the key order the tensor core expects.
-template <bool kClip>
-__device__ __forceinline__ void convert_tile(const float (&s)[64], float a, float b_lo, float b_hi, uint32_t (&p)[16]) {
-  auto pair = [](float s0, float s1, float a_, float b_) {
-    return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
-  };
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-    p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a, b_lo), pair(s[c1 + 0], s[c1 + 1], a, b_lo));
-    p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a, b_hi), pair(s[c1 + 2], s[c1 + 3], a, b_hi));
-    p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a, b_lo), pair(s[c3 + 0], s[c3 + 1], a, b_lo));
-    p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a, b_hi), pair(s[c3 + 2], s[c3 + 3], a, b_hi));
-  }
-}
-
-// Codes of a repair tile against the final max: the same FMA with each key's own multiplier
-// qscale * descale_k (kd: the tile's 128 per-row descales), then padded rows cleared.
-__device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float qscale, const float* kd, int valid,
-                                                    float b_lo, float b_hi, bool clip, int t, uint32_t (&p)[16]) {
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    uint32_t h[4][2];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int j = 4 * kb + q;  // 8-column chunk
-      const float2 d = __ldg(reinterpret_cast<const float2*>(kd + 8 * j + 2 * t));
-      const float a0 = qscale * d.x, a1 = qscale * d.y;
-      h[q][0] = clip ? expcast_pair2_clipped(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo)
-                     : expcast_pair2(s[4 * j + 0], s[4 * j + 1], a0, a1, b_lo);
-      h[q][1] = clip ? expcast_pair2_clipped(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi)
-                     : expcast_pair2(s[4 * j + 2], s[4 * j + 3], a0, a1, b_hi);
-    }
-    p[4 * kb + 0] = pack_codes(h[0][0], h[1][0]);
-    p[4 * kb + 1] = pack_codes(h[0][1], h[1][1]);
-    p[4 * kb + 2] = pack_codes(h[2][0], h[3][0]);
-    p[4 * kb + 3] = pack_codes(h[2][1], h[3][1]);
-  }
-  if (valid < Cfg::kBlockN) mask_codes(p, valid, valid, t);
 }
 
 // Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
@@ -404,47 +234,6 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   }
 }
 
-// Tile max of S (already waited for) in scaled code units.
-template <int kProbe, bool kMaybePartial = true>
-__device__ __forceinline__ void tile_max(const float (&s)[64], float a, const BlockMask& mask, int t, bool first,
-                                         float& lo, float& hi) {
-  if ((kProbe & kSkipMax) && !first) {
-    lo = hi = -INFINITY;
-    return;
-  }
-  constexpr bool kBits = (kProbe & kFloatMax) == 0;
-  if (kMaybePartial && mask.on) row_max<true, kBits>(s, mask.lo, mask.hi, t, lo, hi);
-  else row_max<false, kBits>(s, mask.lo, mask.hi, t, lo, hi);
-  if (kProbe & kDoubleMax) {
-    float lo2, hi2;
-    row_max<false, kBits>(s, mask.lo, mask.hi, t, lo2, hi2);
-    lo = fmaxf(lo, lo2 * 0.5f);
-    hi = fmaxf(hi, hi2 * 0.5f);
-  }
-  lo *= a;
-  hi *= a;
-}
-
-// Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
-// clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
-// (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
-// Such tiles send every block through the general step, so the steady-state loop has no trace of it.
-template <int kProbe, bool kMaybePartial = true>
-__device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, const BlockMask& mask,
-                                             int t, bool first, bool clip) {
-  if ((kProbe & kSkipConvert) && !first) return;
-  const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
-  if (kMaybePartial && clip) convert_tile<true>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
-  else convert_tile<false>(s, a, b_lo, b_hi, st.p);
-  if (kProbe & kDoubleConvert) {
-    uint32_t p2[16];
-    convert_tile<false>(s, a * 0.5f, b_lo, b_hi, p2);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) st.p[i] ^= p2[i] & 0x01010101u;
-  }
-  if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
-}
-
 // kGroup consecutive full blocks through the consumer's step (kernel.cuh, consumer_loop): none may be
 // the partial block, and only the group's last one flushes (unless kNeverFlush).
 template <int kGroup, bool kNeverFlush, class Step, size_t... J>
@@ -456,22 +245,6 @@ __device__ __forceinline__ void step_group_impl(Step& step, int i, std::index_se
 template <int kGroup, bool kNeverFlush, class Step>
 __device__ __forceinline__ void step_group(Step& step, int i) {
   step_group_impl<kGroup, kNeverFlush>(step, i, std::make_index_sequence<kGroup>{});
-}
-
-// Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
-// needs the clip: |acc| <= 128 * 448^2 for E4M3 codes, so |M'| <= 128 * 448^2 * qscale * max dk over
-// the (b, h)'s key blocks. Never true for real data (the bound is ~1e-4 for video inputs). Each warp
-// reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
-__device__ __forceinline__ bool tile_may_be_huge(float qscale, const float* kd, int nk) {
-  // A uniform trip count (predicated loads, no divergent loop): divergence here would cost the
-  // consumer loop its uniform datapath (measured in the SASS: R2UR moves, WARPSYNC).
-  float m = 0.0f;
-  const int lane = threadIdx.x & 31;
-  for (int j0 = 0; j0 < nk; j0 += 32) m = fmaxf(m, j0 + lane < nk ? __ldg(kd + j0 + lane) : 0.0f);
-  constexpr float kMaxAcc = 128.0f * 448.0f * 448.0f;
-  // A vote, not a shuffle reduction: ptxas knows its result is uniform, so the loop bounds that depend
-  // on it stay uniform too (a shuffle-reduced flag made the whole consumer loop "divergent").
-  return __any_sync(0xffffffffu, kMaxAcc * qscale * m >= kHugeMaxScaled);
 }
 
 // Ping-pong probe: warpgroup wg issues its tensor-core work after the other one has issued its own.
