@@ -17,6 +17,7 @@ import importlib
 
 from .api import PreparedFP8, attention, attention_fp8, prepare_fp8  # torch-free until called
 
+# The one version source: pyproject.toml (scikit-build-core regex provider) and CMakeLists.txt read it.
 __version__ = "0.1.0"
 
 _SUBMODULES = ("reference", "video_inputs", "cli", "parallel", "ops")

@@ -3,6 +3,7 @@ schema, report rendering from a stored fixture, input generation. Parts that nee
 the end-to-end smoke run needs the GPU (marker ``gpu``)."""
 import contextlib
 import copy
+import glob
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from open_vc_attn import video_inputs as vi
-from open_vc_attn.bench import cli, harness, record, report
+from open_vc_attn.bench import backends, cli, harness, record, report
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "bench_record_fixture.json")
 
@@ -371,6 +372,74 @@ def test_bench_dry_run_does_not_import_torch():
 
 def test_bench_rejects_unknown_backend(capsys):
     assert cli.main_bench(["--backends", "open-vc,nope", "--dry-run"]) == 2
+
+
+def test_bench_help_documents_every_option_and_default(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")                      # one line per option: no wrapped defaults
+    with pytest.raises(SystemExit) as exc:
+        cli.main_bench(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "main_bench" not in out and "Entry points" not in out    # user help, not the module docstring
+    lines = out.splitlines()
+    for action in cli._bench_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        i = next(i for i, x in enumerate(lines) if x.startswith("  " + action.option_strings[0])
+                 and x[2:].split()[0] == action.option_strings[0])
+        text, below = lines[i].rstrip(), lines[i + 1].strip()
+        if below and not below.startswith("-"):              # help below a long option (choices)
+            text += " " + below
+        assert action.help and action.help.split()[0] in text, action.dest
+        if not (action.default is None or action.default is False or action.default == []):
+            assert text.endswith(f"(default: {action.default})"), text
+
+
+OPENVC_BACKENDS = ("open-vc", "open-vc-repair", "vc")
+
+
+def _listed(out):
+    """{backend: (status, reason)} from --list-backends output."""
+    rows = {}
+    for line in out.splitlines():
+        name, rest = line.split(None, 1)
+        status, _, why = rest.partition(": ")
+        rows[name] = (status, why)
+    return rows
+
+
+def test_list_backends_without_torch(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)          # makes `import torch` raise ImportError
+    assert cli.main_bench(["--list-backends"]) == 0
+    rows = _listed(capsys.readouterr().out)
+    assert set(rows) == set(backends.BACKENDS)
+    for name in OPENVC_BACKENDS:
+        assert rows[name][0] == "missing" and rows[name][1].startswith("torch is not importable"), rows[name]
+
+
+def test_list_backends_without_extension(tmp_path):
+    """Imported from the source tree (no compiled files), openvc's backends are missing, with the fix."""
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    if glob.glob(os.path.join(src, "open_vc_attn", "_openvc_ext*")):
+        pytest.skip("the source tree holds a compiled extension (in-place build)")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+    res = subprocess.run([sys.executable, "-m", "open_vc_attn.bench.cli", "--list-backends"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = _listed(res.stdout)
+    for name in OPENVC_BACKENDS:
+        assert rows[name][0] == "missing" and "compiled extension" in rows[name][1] and "pip install ." in rows[name][1]
+
+
+def test_openvc_backends_ok_only_where_the_kernels_run():
+    try:
+        import torch
+        usable = torch.cuda.is_available() and tuple(torch.cuda.get_device_capability()) == (9, 0)
+    except ImportError:
+        usable = False
+    for name in OPENVC_BACKENDS:
+        status, why = backends.available(name)
+        assert (status == "ok") is usable and (why is None) is usable, (name, status, why)
 
 
 # ---- torch parts (CPU torch is enough) ------------------------------------------------------------------

@@ -87,9 +87,20 @@ def _openvc(*names):
     return found
 
 
+def _openvc_runtime():
+    """Missing unless openvc's kernels can run here: the compiled extension, torch with CUDA and an sm_90
+    GPU (the reason comes from the smoke check's probe, so both say the same)."""
+    from ..cli import info
+    reason = info.gpu_unavailable_reason()
+    if reason is not None:
+        raise Missing(reason)
+
+
 def available(name: str) -> tuple:
     """(status, reason) without running anything: ("ok", None) or ("missing", why)."""
     try:
+        if name in ("open-vc", "open-vc-repair", "vc"):
+            _openvc_runtime()
         if name == "open-vc":
             _openvc("prepare_fp8", "attention_fp8", "attention")
         elif name == "open-vc-repair":

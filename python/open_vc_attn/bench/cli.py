@@ -319,34 +319,100 @@ def run_ceilings(torch, device, args, log):
     return out
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks and appends each option's default, where it has one."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        none = default is None or default is False or default == [] or default == argparse.SUPPRESS
+        if "%(default)" not in text and not none and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+BENCH_DESCRIPTION = """\
+Time openvc's FP8 attention next to other attention backends (torch SDPA, FlashAttention-3/4, cuDNN
+FP8, the VC-Attention baseline) on synthetic video-like inputs or on captured q, k, v, measure each
+output's error against exact FP32 attention, and write everything to a JSON record; open-vc-attn-report
+turns records into tables and plots. Needs torch and a CUDA GPU (openvc's own backends: an H100/H200);
+--dry-run and --list-backends run nothing on the GPU.
+
+presets (--preset):
+  smoke    1,200 tokens, 2 and 4 heads (seconds)
+  video    73,397 tokens, 7, 14 and 56 heads (the README's table)
+  wan480   Wan 2.1 480p latent grid, 32,760 tokens, 40 heads
+  wan720   Wan 2.1 720p latent grid, 75,600 tokens, 40 heads
+  sweep    4,096 to 131,072 tokens, 7 heads"""
+
+BENCH_EPILOG = """\
+examples:
+  open-vc-attn-bench --list-backends
+  open-vc-attn-bench --preset video --out bench-video.json
+  open-vc-attn-bench --preset sweep --seqlens 16384,65536 --backends open-vc,sdpa-cudnn
+  open-vc-attn-bench --input capture.pt --no-ceilings --out capture.json
+  open-vc-attn-report bench-video.json --out-dir report"""
+
+
 def _bench_parser():
     from . import backends as bk
-    p = argparse.ArgumentParser(prog="open-vc-attn-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", choices=PRESETS, default="smoke")
-    p.add_argument("--input", action="append", default=[], metavar="FILE",
-                   help=".pt or .npz with q, k, v [B,S,H,D] (repeatable; replaces the preset's cases)")
-    p.add_argument("--heads", help="comma list overriding the preset's head counts")
-    p.add_argument("--seqlens", help="comma list overriding the preset's sequence lengths")
-    p.add_argument("--backends", default=",".join(bk.BACKENDS), help="comma list (default: all)")
-    p.add_argument("--scopes", default="attention,complete")
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--seed", type=int, default=0, help="generator seed and visiting-order seed")
-    p.add_argument("--target-ms", type=float, default=20.0, help="minimum duration of one timed replay")
-    p.add_argument("--max-calls", type=int, default=4096, help="most calls captured in one graph")
-    p.add_argument("--cold-l2", action="store_true", help="flush L2 before each timed call (when inputs fit)")
-    p.add_argument("--allow-shared", action="store_true", help="run even if another process uses the GPU")
-    p.add_argument("--out", default="open-vc-bench.json", help="JSON record path (rewritten after each case)")
-    p.add_argument("--no-ceilings", action="store_true")
-    p.add_argument("--no-accuracy", action="store_true")
-    p.add_argument("--accuracy-rows", type=int, default=0,
-                   help="measure accuracy on this many evenly spaced query rows (0: all rows)")
-    p.add_argument("--gen-heads", type=int, default=7, help="distinct generated heads, tiled (0: all)")
-    p.add_argument("--repair-budgets", default="0.005", help="comma list for open-vc-repair")
-    p.add_argument("--mid-window-blocks", type=int, default=DEFAULT_MID_WINDOW_BLOCKS)
-    p.add_argument("--git-commit", help="commit to record when the tree has no .git (e.g. a copy)")
-    p.add_argument("--time-budget-s", type=float, help="skip the cases left once this much time has passed")
-    p.add_argument("--dry-run", action="store_true", help="print the cases and exit (no torch)")
-    p.add_argument("--list-backends", action="store_true", help="print backend availability and exit")
+    p = argparse.ArgumentParser(prog="open-vc-attn-bench", description=BENCH_DESCRIPTION, epilog=BENCH_EPILOG,
+                                formatter_class=_HelpFormatter)
+    what = p.add_argument_group("what to run")
+    what.add_argument("--preset", choices=PRESETS, default="smoke", help="input set (see presets above)")
+    what.add_argument("--input", action="append", default=[], metavar="FILE",
+                      help=".pt or .npz file with q, k, v of shape [B, S, H, D] captured from a model "
+                           "(repeatable; replaces the preset's cases)")
+    what.add_argument("--heads", metavar="LIST", help="comma list of head counts replacing the preset's, e.g. 7,56")
+    what.add_argument("--seqlens", metavar="LIST",
+                      help="comma list of sequence lengths replacing the preset's, e.g. 16384,32768")
+    what.add_argument("--backends", metavar="LIST", default=",".join(bk.BACKENDS),
+                      help="comma list of backends to time (see --list-backends)")
+    what.add_argument("--scopes", metavar="LIST", default="attention,complete",
+                      help="what a timed call covers: 'attention' (the kernel on inputs quantized beforehand) "
+                           "and/or 'complete' (BF16 in to BF16 out, every preparation step included)")
+    what.add_argument("--repair-budgets", metavar="LIST", default="0.005",
+                      help="comma list of V repair budgets (fractions of the tokens) for open-vc-repair")
+    what.add_argument("--mid-window-blocks", type=int, default=DEFAULT_MID_WINDOW_BLOCKS, metavar="N",
+                      help="openvc's key order: visit keys from N blocks past the diagonal block back to "
+                           "the first, then the rest (docs/numerics.md section 5)")
+    what.add_argument("--gen-heads", type=int, default=7, metavar="N",
+                      help="distinct heads generated per shape and tiled to the head count (generating a "
+                           "73k-token head takes about 1.5 s); 0 generates every head")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--rounds", type=int, default=12,
+                        help="timing rounds; each round times every backend once, in a seeded random order, "
+                             "and the record keeps the median")
+    timing.add_argument("--seed", type=int, default=0, help="seed of the generated inputs and of the visiting order")
+    timing.add_argument("--target-ms", type=float, default=20.0, metavar="MS",
+                        help="shortest timed replay: short calls are repeated inside one CUDA graph to reach it")
+    timing.add_argument("--max-calls", type=int, default=4096, metavar="N",
+                        help="most calls captured in one CUDA graph")
+    timing.add_argument("--cold-l2", action="store_true",
+                        help="flush the L2 cache before each timed call (applies when the inputs fit in L2)")
+    timing.add_argument("--allow-shared", action="store_true",
+                        help="run even if another process uses the GPU (the record then says its timings are "
+                             "not reliable)")
+    timing.add_argument("--time-budget-s", type=float, metavar="S",
+                        help="skip the remaining cases once this many seconds have passed")
+    timing.add_argument("--no-ceilings", action="store_true",
+                        help="skip the FP8/BF16 GEMM and memory-copy ceilings measured before the cases")
+    accuracy = p.add_argument_group("accuracy")
+    accuracy.add_argument("--no-accuracy", action="store_true",
+                          help="skip the error measurement against exact FP32 attention")
+    accuracy.add_argument("--accuracy-rows", type=int, default=0, metavar="N",
+                          help="measure the error on N evenly spaced query rows (0: all rows; exact attention "
+                               "over every row of a long sequence takes minutes)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="open-vc-bench.json", metavar="PATH",
+                     help="JSON record, rewritten after each case")
+    out.add_argument("--git-commit", metavar="SHA",
+                     help="commit to record when the source tree has no .git (e.g. a copy)")
+    out.add_argument("--dry-run", action="store_true",
+                     help="print the cases and exit (imports no torch, runs nothing)")
+    out.add_argument("--list-backends", action="store_true",
+                     help="print which backends this machine can run, with the reason for each missing one, "
+                          "and exit")
     return p
 
 
@@ -463,11 +529,13 @@ def _run(torch, args, rec, cases, gpu, t_start, log) -> int:
 
 def main_report(argv=None) -> int:
     from . import report
-    p = argparse.ArgumentParser(prog="open-vc-attn-report",
-                                description="Markdown tables and PNG plots from open-vc-attn-bench records.")
-    p.add_argument("records", nargs="+", help="JSON records written by open-vc-attn-bench --out")
-    p.add_argument("--out-dir", default="bench-report")
-    p.add_argument("--no-plots", action="store_true")
+    p = argparse.ArgumentParser(prog="open-vc-attn-report", formatter_class=_HelpFormatter,
+                                description="Markdown tables and PNG plots from open-vc-attn-bench records\n"
+                                            "(plots need matplotlib: pip install 'open-vc-attn[bench]').")
+    p.add_argument("records", nargs="+", metavar="RECORD", help="JSON record written by open-vc-attn-bench --out")
+    p.add_argument("--out-dir", default="bench-report", metavar="DIR",
+                   help="folder for README.md (the tables) and the plots")
+    p.add_argument("--no-plots", action="store_true", help="write the tables only")
     args = p.parse_args(argv)
     recs = []
     for path in args.records:

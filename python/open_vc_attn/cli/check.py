@@ -1,11 +1,15 @@
 """open-vc-attn-check: a quick end-to-end check of an installed open_vc_attn.
 
-CPU branch (always): runs the CPU reference end to end on the synthetic "smoke" video-like problem
-(quantize, ExpCast attention in mid-window and natural order, with a 0.5% V repair budget) and compares
-each with exact FP64 attention. GPU branch (when torch sees a CUDA device of compute capability 9.0):
-runs ``open_vc_attn.attention`` on the same problem in both key orders and reports its rel L2 against
-exact attention and against the CPU reference on the same inputs and key order ("vs reference" rows,
-which must stay below 1%). Exit code 0 when every rel L2 is below its threshold, 1 otherwise.
+``--info`` prints the environment a bug report needs (versions, GPU, capability, which paths this
+machine can run); ``--smoke`` runs the smoke check below; with neither it does both.
+
+Smoke check. CPU branch (always): runs the CPU reference end to end on the synthetic "smoke"
+video-like problem (quantize, ExpCast attention in mid-window and natural order, with a 0.5% V repair
+budget) and compares each with exact FP64 attention. GPU branch (when torch sees a CUDA device of
+compute capability 9.0): runs ``open_vc_attn.attention`` on the same problem in both key orders and
+reports its rel L2 against exact attention and against the CPU reference on the same inputs and key
+order ("vs reference" rows, which must stay below 1%). Exit code 0 when every rel L2 is below its
+threshold, 1 otherwise, 2 when the compiled extension is missing (one line with the fix, no traceback).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import time
 
 import numpy as np
 
+from . import info
+
 REPAIR_BUDGET = 0.005
 # FP8 E4M3 inputs plus ExpCast's 1/8-octave probability codes give ~3-4% rel L2 on the smoke problem;
 # 8% leaves room for seed changes while still catching a broken path (those land near or above 100%).
@@ -24,32 +30,6 @@ DEFAULT_THRESHOLD = 0.08
 # order and BF16 output rounding differ (the GPU tests require 5e-3 on video-like inputs).
 REFERENCE_THRESHOLD = 0.01
 _VS_REFERENCE = " vs reference"
-
-
-def _gpu_unavailable_reason():
-    """None when the GPU branch can run, else why not. Imports torch only here, never at package import."""
-    try:
-        import torch
-    except Exception as exc:  # ImportError, or a broken install raising something else
-        return f"torch is not importable ({type(exc).__name__}: {exc})"
-    try:
-        if not torch.cuda.is_available():
-            return "torch sees no CUDA device"
-        cap = torch.cuda.get_device_capability()
-    except Exception as exc:
-        return f"CUDA query failed ({type(exc).__name__}: {exc})"
-    if tuple(cap) != (9, 0):
-        return f"device compute capability {cap[0]}.{cap[1]}, the kernels need 9.0 (sm_90a)"
-    import open_vc_attn
-    if not hasattr(open_vc_attn, "attention"):
-        return "this build of open_vc_attn exposes no GPU functions yet (no open_vc_attn.attention)"
-    try:
-        from open_vc_attn import _ext
-        if not hasattr(_ext.load(), "attention_fp8"):
-            return "the compiled extension has no GPU entry points (rebuild: pip install --no-build-isolation .)"
-    except ImportError as exc:
-        return f"the compiled extension is not importable ({exc})"
-    return None
 
 
 def _run_gpu(problem, exact):
@@ -120,14 +100,38 @@ def _print_table(results, times, exact_time):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="open-vc-attn-check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="open-vc-attn-check",
+        description="Check an installed open_vc_attn: the environment (--info) and the smoke check (--smoke); "
+                    "with neither option, both.")
+    parser.add_argument("--info", action="store_true",
+                        help="print versions (openvc, Python, numpy, torch, CUDA, driver), the GPUs with their "
+                             "compute capability and which paths this machine can run")
     parser.add_argument("--smoke", action="store_true",
-                        help="run the small built-in 'smoke' problem (the only size this check runs today)")
-    parser.add_argument("--json", metavar="PATH", help="also write the numbers to PATH as JSON")
+                        help="run the smoke check: the CPU reference, and the GPU kernels where torch sees an "
+                             "sm_90 GPU, on a small synthetic video-like problem against exact attention")
+    parser.add_argument("--json", metavar="PATH", help="also write the results (and --info's facts) to PATH as JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic inputs (default 0)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"largest acceptable rel L2 vs exact attention (default {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
+    run_info, run_smoke = args.info or not args.smoke, args.smoke or not args.info
+
+    report = {}
+    if run_info:
+        facts = info.collect()
+        print("\n".join(info.format_info(facts)))
+        report["info"] = facts
+    if not run_smoke:
+        _write_json(args.json, report)
+        return 0
+    problem_line = info.extension_problem()
+    if problem_line:   # nothing below runs without the extension: one line with the fix, no traceback
+        print(f"open-vc-attn-check: {problem_line}", file=sys.stderr)
+        _write_json(args.json, {**report, "passed": False, "error": problem_line})
+        return 2
+    if run_info:
+        print()
 
     import open_vc_attn
     from open_vc_attn import reference, video_inputs
@@ -140,10 +144,10 @@ def main(argv=None) -> int:
     exact = reference.attention_exact(problem.q, problem.k, problem.v)
     exact_time = time.perf_counter() - t0
 
-    report = {"version": open_vc_attn.__version__, "seed": args.seed, "threshold": args.threshold,
-              "problem": {"preset": "smoke", "grid": list(problem.grid), "batch": b, "seqlen": s, "heads": h,
-                          "head_dim": d, "dtype": problem.dtype}}
-    reason = _gpu_unavailable_reason()
+    report.update(version=open_vc_attn.__version__, seed=args.seed, threshold=args.threshold,
+                  problem={"preset": "smoke", "grid": list(problem.grid), "batch": b, "seqlen": s, "heads": h,
+                           "head_dim": d, "dtype": problem.dtype})
+    reason = info.gpu_unavailable_reason()
     gpu_results, gpu_times, gpu_error = {}, {}, None
     if reason is None:
         try:
@@ -172,17 +176,21 @@ def main(argv=None) -> int:
     report.update(results=results, seconds={**times, "exact": exact_time},
                   gpu={"ran": reason is None and gpu_error is None, "skipped_reason": reason, "error": gpu_error},
                   passed=not failures)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json}")
+    _write_json(args.json, report)
     if failures:
         print(f"FAIL: rel L2 at or above the threshold for: {', '.join(failures)}")
         return 1
     print(f"PASS: every attention rel L2 below {args.threshold:.2%}"
           + (f" ({REFERENCE_THRESHOLD:.2%} for GPU vs reference)" if gpu_results else ""))
     return 0
+
+
+def _write_json(path, report):
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
