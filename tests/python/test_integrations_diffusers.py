@@ -1,13 +1,16 @@
-"""diffusers integration (open_vc_attn.integrations.diffusers) and the shared dispatch policy.
+"""diffusers integration (open_vc_attn.integrations.diffusers) against the real diffusers package.
 
 - Without torch: the torch-free import check runs; the rest skips.
-- With torch and diffusers (CPU): registration, the context manager,
-  enable/disable, apply/remove on a small random Wan transformer, where openvc's fast path is replaced
-  by the CPU reference of the same arithmetic (open_vc_attn.reference.attention), so routing and the
-  size of the output change are checked without a GPU.
+- With torch and diffusers (CPU): the version check, registration, the context manager, enable/disable,
+  calls with return_lse, apply/remove on a small random Wan transformer and on a tiny Wan2.2-style
+  WanPipeline with two transformers (both wrapped; on the CPU every call falls back with its reason and a
+  one-time FallbackWarning, the output bit for bit the unwrapped pipeline's; with openvc's fast path
+  replaced by the CPU reference of the same arithmetic, open_vc_attn.reference.attention, both transformers'
+  self-attention runs on it), and which calls HunyuanVideo, LTX-Video, CogVideoX and Mochi make (the
+  coverage table of docs/integrations/diffusers.md). Context parallelism: test_integrations_diffusers_cp.py.
 - Marked `gpu` (torch, diffusers and a compute capability 9.0 device): the backend function against
-  open_vc_attn.attention (bit for bit) and diffusers' native backend, and examples/diffusers_wan.py at
-  32,760 video tokens (output rel L2 < 3% against the native backend, openvc faster).
+  open_vc_attn.attention (bit for bit, LSE too) and diffusers' native backend, and examples/diffusers_wan.py
+  at 32,760 video tokens (output rel L2 < 3% against the native backend, openvc faster).
 On an H200 (diffusers carried as a wheel): python3 -m pytest -q -rs tests/python/test_integrations_diffusers.py
 """
 import importlib.util
@@ -15,6 +18,8 @@ import inspect
 import pathlib
 import subprocess
 import sys
+import types
+import warnings
 
 import numpy as np
 import pytest
@@ -62,10 +67,13 @@ def reference_fast_path(ovd, monkeypatch, no_device_check):
     torch = sys.modules["torch"]
     calls = []
 
-    def fast(q, k, v, scale):
+    def fast(q, k, v, scale, return_lse=False):
         calls.append(tuple(q.shape))
-        out = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale)
-        return torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16)
+        res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
+                            return_lse=return_lse)
+        out, lse = res if return_lse else (res, None)
+        out = torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16)
+        return (out, torch.from_numpy(np.ascontiguousarray(lse))) if return_lse else out
 
     monkeypatch.setattr(ovd, "_fast_attention", fast)
     return calls
@@ -76,6 +84,14 @@ def load_example(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def small_policy(policy, n=64):
+    return policy.DispatchPolicy(min_query_tokens=n, min_key_tokens=n)
+
+
+def is_wrapped(proc):
+    return type(proc).__name__.startswith("OpenVC")
 
 
 # ---- no torch needed ------------------------------------------------------------------------------------
@@ -105,13 +121,36 @@ def test_policy_on_cpu_tensors(torch, policy):
     assert path == policy.FALLBACK and "not CUDA" in why
 
 
-# ---- registration and activation (torch + diffusers, CPU) ----------------------------------------------------
+# ---- version, registration and activation (torch + diffusers, CPU) ------------------------------------------
+
+def test_pinned_version(ovd):
+    import diffusers
+    assert f"diffusers=={ovd.TESTED_VERSION}" in (REPO / "requirements" / "test.txt").read_text().split()
+    assert diffusers.__version__ == ovd.TESTED_VERSION, "the tests run against the tested diffusers"
+
+
+def test_version_check(ovd, monkeypatch):
+    import diffusers
+    monkeypatch.setattr(diffusers, "__version__", "0.43.0.dev0")
+    monkeypatch.delenv("OPENVC_DIFFUSERS_UNTESTED", raising=False)
+    try:
+        with pytest.raises(RuntimeError, match=r"diffusers 0\.43\.0\.dev0.*private attention registry.*"
+                                               r"OPENVC_DIFFUSERS_UNTESTED=1"):
+            ovd.register()
+        monkeypatch.setenv("OPENVC_DIFFUSERS_UNTESTED", "1")
+        with pytest.warns(RuntimeWarning, match="untested"):
+            ovd.register()
+    finally:
+        ovd._state.checked_version = None      # re-checked against the real version by the next call
+    assert ovd._version_tuple("0.42.1") == (0, 42) and ovd._version_tuple("1.0rc1") == (1, 0)
+
 
 def test_register_and_context(torch, ovd):
     from diffusers.models import attention_dispatch as ad
     reg = ad._AttentionBackendRegistry
     key = ovd.register()
     assert key == "openvc" and ovd.register() is key and reg._backends[key] is ovd._openvc_backend
+    assert reg._is_context_parallel_available(key)       # what enable_parallelism asks of the active backend
     before = reg._active_backend
     with ovd.openvc_attention():
         assert reg._active_backend is key
@@ -143,6 +182,25 @@ def test_context_routes_dispatch_calls(torch, ovd, reference_fast_path):
     assert err < 0.08, err    # random normal inputs: ExpCast FP8 ~5.6% from exact (docs/numerics.md)
 
 
+def test_return_lse_calls(torch, ovd, reference_fast_path):
+    """return_lse=True (what ring attention asks for): openvc's LSE in diffusers' [B, S, H] layout, and an
+    exact LSE for calls on the fallback (diffusers' native backend has none)."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from open_vc_attn import reference as ref
+    q, k, v = qkv(torch, sq=1024)
+    _, kt, vt = qkv(torch, sq=1024, sk=300)
+    with ovd.openvc_attention():
+        out, lse = dispatch_attention_fn(q, k, v, attention_kwargs={"return_lse": True})
+        out_f, lse_f = dispatch_attention_fn(q, kt, vt, attention_kwargs={"return_lse": True})
+    _, ref_lse = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), return_lse=True)
+    assert lse.shape == (1, 1024, 2) and torch.equal(lse, torch.from_numpy(ref_lse).transpose(1, 2))
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, kt, vt))
+    s = qd @ kd.transpose(-1, -2) / 128 ** 0.5
+    assert torch.allclose(lse_f.double(), torch.logsumexp(s, -1).transpose(1, 2), atol=1e-4)
+    exact = (torch.softmax(s, -1) @ vd).transpose(1, 2)
+    assert float((out_f.double() - exact).norm() / exact.norm()) < 1e-2
+
+
 def test_argument_errors(torch, ovd):
     with pytest.raises(ValueError, match="^fallback"):
         ovd.register(fallback="nonexistent")
@@ -150,9 +208,17 @@ def test_argument_errors(torch, ovd):
         ovd.register(fallback="openvc")
     with pytest.raises(TypeError, match="^policy"):
         ovd.register(policy={"min_query_tokens": 1})
-    with pytest.raises(ValueError, match="^model"):
+    with pytest.raises(ValueError, match="^model: Linear has no attention processors"):
         ovd.apply(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="^model"):
+        ovd.apply("transformer")
+    with pytest.raises(ValueError, match="^model: the pipeline SimpleNamespace has no transformer"):
+        ovd.apply(types.SimpleNamespace(components={"vae": torch.nn.Linear(2, 2), "transformer": None}))
+    with pytest.raises(ValueError, match="^model: Linear was never wrapped"):
+        ovd.stats(torch.nn.Linear(2, 2))
 
+
+# ---- one Wan transformer -------------------------------------------------------------------------------------
 
 def tiny_wan(torch, heads=2):
     ex = load_example("diffusers_wan")
@@ -169,8 +235,7 @@ def test_apply_wan_cpu(torch, ovd, reference_fast_path):
     assert reference_fast_path == [(1, 1024, 2, 128)] * 2
     assert 0 < res["rel_l2"] < MAX_REL_L2, res
     # remove() restored the original processors: the model is back to its native output
-    assert not any(type(m.processor).__name__.startswith("OpenVC") for m in model.modules()
-                   if hasattr(m, "processor"))
+    assert not any(is_wrapped(m.processor) for m in model.modules() if hasattr(m, "processor"))
     assert torch.equal(ex.forward(model, inputs), ref)
 
 
@@ -187,12 +252,196 @@ def test_apply_keeps_signature_and_explicit_backend(torch, ovd, reference_fast_p
     proc = model.blocks[0].attn1.processor
     assert inspect.signature(proc.__call__) == inspect.signature(inner.__call__)
     assert proc._attention_backend == "_native_math" and inner._attention_backend is None
+    # enable_parallelism sets _parallel_config on the processors: it must reach the processor that calls dispatch
+    marker = object()
+    proc._parallel_config = marker
+    assert inner._parallel_config is marker and proc._parallel_config is marker
+    proc._parallel_config = None
     ovd.reset_stats()
     with torch.inference_mode():
         model(**inputs)
-    assert ovd.stats()[("openvc", "")] == 2
+    assert ovd.stats()[("openvc", "")] == 2 and ovd.stats(model) == ovd.stats()
     assert ovd.remove(model) == 4
     assert model.blocks[0].attn1.processor is inner and inner._attention_backend.value == "_native_math"
+
+
+# ---- a Wan2.2-style pipeline: two transformers -------------------------------------------------------------------
+
+def wan22_pipeline(torch):
+    """WanPipeline with two random 1-layer Wan transformers (2 heads of 128) and Wan2.2 A14B's boundary: the
+    first step (t = 1000) runs `transformer`, the second (t = 833) `transformer_2`. No text encoder, VAE or
+    weights are loaded: prompt embeddings are given and the latents returned."""
+    pytest.importorskip("transformers", reason="diffusers' WanPipeline needs transformers")
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    def transformer(seed):
+        torch.manual_seed(seed)
+        return WanTransformer3DModel(num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
+                                     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=1,
+                                     rope_max_seq_len=64).to(torch.bfloat16).eval()
+
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer(0),
+                       transformer_2=transformer(1), scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                       boundary_ratio=0.875)
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    text = [torch.randn(1, 16, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
+
+    def run():
+        with torch.inference_mode():   # 5 frames of 128 x 128: a 2 x 16 x 16 latent, 128 video tokens
+            return pipe(prompt_embeds=text[0], negative_prompt_embeds=text[1], height=128, width=128, num_frames=5,
+                        num_inference_steps=2, guidance_scale=2.0, output_type="latent",
+                        generator=torch.Generator().manual_seed(0)).frames
+    return pipe, run
+
+
+def test_wan22_pipeline_cpu_fallback(torch, ovd, policy):
+    pipe, run = wan22_pipeline(torch)
+    ref = run()
+    assert ovd.apply(pipe, policy=small_policy(policy)) == {"transformer": 2, "transformer_2": 2}
+    for name in ("transformer", "transformer_2"):
+        procs = [m.processor for m in getattr(pipe, name).modules() if hasattr(m, "processor")]
+        assert len(procs) == 2 and all(is_wrapped(p) for p in procs), name
+    ovd.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run()
+        run()                          # the warning is one-time per model
+    # every call fell back, with its reason, to the native backend: the output is the unwrapped pipeline's
+    assert torch.equal(out, ref)
+    why = "device cpu is not CUDA"
+    for name in ("transformer", "transformer_2"):   # per pipeline run 2 forwards (CFG), each 2 calls
+        assert ovd.stats(getattr(pipe, name)) == {("fallback", why): 4, ("fallback", "few keys (16 < 64)"): 4}
+    messages = [str(w.message) for w in caught if issubclass(w.category, ovd.FallbackWarning)]
+    assert len(messages) == 2, messages
+    for name, msg in zip(("transformer", "transformer_2"), messages):
+        assert f"none of the 2 attention calls of WanTransformer3DModel ({name})" in msg and why in msg, msg
+    assert ovd.remove(pipe) == {"transformer": 2, "transformer_2": 2}
+    assert not any(is_wrapped(m.processor) for m in pipe.transformer_2.modules() if hasattr(m, "processor"))
+    assert torch.equal(run(), ref)
+
+
+def test_wan22_pipeline_both_transformers_on_openvc(torch, ovd, policy, reference_fast_path):
+    pipe, run = wan22_pipeline(torch)
+    ref = run()
+    ovd.apply(pipe, policy=small_policy(policy))
+    ovd.reset_stats()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ovd.FallbackWarning)     # both reach openvc: no warning
+            out = run()
+    finally:
+        ovd.remove(pipe)
+    expected = {("openvc", ""): 2, ("fallback", "few keys (16 < 64)"): 2}   # self-attn; 16 text tokens
+    assert ovd.stats(pipe.transformer) == expected and ovd.stats(pipe.transformer_2) == expected
+    assert reference_fast_path == [(1, 128, 2, 128)] * 4
+    err = float((out.double() - ref.double()).norm() / ref.double().norm())
+    assert 0 < err < MAX_REL_L2, err
+
+
+def test_pipeline_with_a_direct_sdpa_model(torch, ovd, policy):
+    """A denoiser that cannot be routed is named in a FallbackWarning while the others are wrapped; one
+    alone is a ValueError with the reason."""
+    pipe, _ = wan22_pipeline(torch)
+    cog = cogvideox(torch)
+    mixed = types.SimpleNamespace(components={"transformer": pipe.transformer, "transformer_2": cog, "vae": None})
+    with pytest.warns(ovd.FallbackWarning, match=r"transformer_2: CogVideoXTransformer3DModel's attention "
+                                                  r"processors \(CogVideoXAttnProcessor2_0\)"):
+        assert ovd.apply(mixed) == {"transformer": 2}
+    ovd.remove(mixed)
+    with pytest.raises(ValueError, match="^model: no denoiser of SimpleNamespace can be routed: transformer: "
+                                         "CogVideoX"):
+        ovd.apply(types.SimpleNamespace(components={"transformer": cog}))
+
+
+# ---- which calls the video models make (docs/integrations/diffusers.md, "Models") -------------------------------
+
+def cogvideox(torch):
+    from diffusers import CogVideoXTransformer3DModel
+    torch.manual_seed(0)
+    return CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4,
+                                       num_layers=1, text_embed_dim=32, time_embed_dim=8, sample_width=16,
+                                       sample_height=16, sample_frames=9, patch_size=2,
+                                       max_text_seq_length=8).eval()
+
+
+@pytest.fixture
+def calls(ovd, monkeypatch, no_device_check):
+    """Records (q shape, k shape, mask dtype and shape or None, causal) of every call the backend sees."""
+    seen = []
+    local = ovd._local_attention
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args):
+        mask = None if attn_mask is None else (str(attn_mask.dtype), tuple(attn_mask.shape))
+        seen.append((tuple(query.shape), tuple(key.shape), mask, is_causal))
+        return local(query, key, value, attn_mask, dropout_p, is_causal, *args)
+
+    monkeypatch.setattr(ovd, "_local_attention", spy)
+    return seen
+
+
+def run_model(torch, ovd, policy, model, inputs):
+    ovd.apply(model, policy=small_policy(policy, 1))
+    ovd.reset_stats()
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ovd.FallbackWarning)
+            model(**inputs)
+    finally:
+        ovd.remove(model)
+    return ovd.stats()
+
+
+def test_hunyuan_video_calls(torch, ovd, policy, calls):
+    from diffusers import HunyuanVideoTransformer3DModel
+    torch.manual_seed(0)
+    model = HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, mlp_ratio=1.0, patch_size=2, patch_size_t=1, text_embed_dim=32,
+        pooled_projection_dim=16, rope_axes_dim=(16, 56, 56)).to(torch.bfloat16).eval()
+    text_mask = torch.zeros(1, 12, dtype=torch.bfloat16)
+    text_mask[:, :9] = 1                                       # 9 prompt tokens, 3 padding
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(1, 4, 3, 16, 16, generator=g).to(torch.bfloat16),
+                  timestep=torch.tensor([500]), encoder_hidden_states=torch.randn(1, 12, 32).to(torch.bfloat16),
+                  encoder_attention_mask=text_mask, pooled_projections=torch.randn(1, 16).to(torch.bfloat16),
+                  guidance=torch.tensor([3500.0]))
+    stats = run_model(torch, ovd, policy, model, inputs)
+    # joint attention over 3 * 8 * 8 video + 12 text tokens, a boolean key-padding mask [B, 1, 1, N]; the token
+    # refiner calls torch SDPA itself (not wrapped)
+    assert calls == [((1, 204, 2, 128), (1, 204, 2, 128), ("torch.bool", (1, 1, 1, 204)), False)] * 2
+    assert stats == {("fallback", "attn_mask"): 2}
+
+
+def test_ltx_video_calls(torch, ovd, policy, calls):
+    from diffusers import LTXVideoTransformer3DModel
+    torch.manual_seed(0)
+    model = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=64,
+                                       cross_attention_dim=128, num_layers=1, caption_channels=32
+                                       ).to(torch.bfloat16).eval()
+    text_mask = torch.ones(1, 10, dtype=torch.bfloat16)
+    text_mask[:, 7:] = 0
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(1, 3 * 8 * 8, 8, generator=g).to(torch.bfloat16),
+                  encoder_hidden_states=torch.randn(1, 10, 32).to(torch.bfloat16), timestep=torch.tensor([500]),
+                  encoder_attention_mask=text_mask, num_frames=3, height=8, width=8)
+    stats = run_model(torch, ovd, policy, model, inputs)
+    # self-attention head dim 64, unmasked; cross-attention to the text with an additive mask [B, H, 1, T]
+    assert calls == [((1, 192, 2, 64), (1, 192, 2, 64), None, False),
+                     ((1, 192, 2, 64), (1, 10, 2, 64), ("torch.bfloat16", (1, 2, 1, 10)), False)]
+    assert stats == {("fallback", "head_dim 64/64/64 (takes (128,))"): 1, ("fallback", "attn_mask"): 1}
+
+
+def test_direct_sdpa_models_get_a_clear_error(torch, ovd):
+    from diffusers import MochiTransformer3DModel
+    with pytest.raises(ValueError, match=r"^model: CogVideoXTransformer3DModel's attention processors "
+                                         r"\(CogVideoXAttnProcessor2_0\) compute attention themselves "
+                                         r"\(torch.nn.functional.scaled_dot_product_attention\)"):
+        ovd.apply(cogvideox(torch))
+    mochi = MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=128, num_layers=1,
+                                    pooled_projection_dim=16, in_channels=4, text_embed_dim=32, time_embed_dim=4)
+    with pytest.raises(ValueError, match=r"MochiAttnProcessor2_0"):
+        ovd.apply(mochi)
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------
@@ -209,10 +458,12 @@ def test_gpu_backend_matches_openvc_and_native(torch, ovd):
         out = dispatch_attention_fn(q, k, v)
         cross = dispatch_attention_fn(q, kt, vt)
         out16 = dispatch_attention_fn(q.half(), k.half(), v.half())
-    assert torch.equal(out, open_vc_attn.attention(q, k, v))
+        out_l, lse = dispatch_attention_fn(q, k, v, attention_kwargs={"return_lse": True})
+    ref, ref_lse = open_vc_attn.attention(q, k, v, return_lse=True)
+    assert torch.equal(out, ref) and torch.equal(out_l, ref) and torch.equal(lse, ref_lse.transpose(1, 2))
     assert torch.equal(cross, dispatch_attention_fn(q, kt, vt, backend="native"))
     assert out16.dtype == torch.float16
-    assert ovd.stats() == {("openvc", ""): 2, ("fallback", "few keys (512 < 1024)"): 1}
+    assert ovd.stats() == {("openvc", ""): 3, ("fallback", "few keys (512 < 1024)"): 1}
     native = dispatch_attention_fn(q, k, v, backend="native")
     err = float((out.double() - native.double()).norm() / native.double().norm())
     assert err < 0.08, err

@@ -217,6 +217,38 @@ def test_install_arguments(sgl, cuda_platform):
     assert not sgl.mod.is_installed()
 
 
+def test_install_version_check(sgl, cuda_platform, monkeypatch):
+    m = sgl.mod
+    monkeypatch.delenv("OPENVC_SGLANG_UNTESTED", raising=False)
+    monkeypatch.setattr(m, "_installed_version", lambda: "0.5.11")
+    with pytest.raises(RuntimeError, match=r"sglang 0\.5\.11.*get_attn_backend_cls_str.*OPENVC_SGLANG_UNTESTED=1"):
+        m.install(platform=cuda_platform)
+    assert not m.is_installed()
+    monkeypatch.setenv("OPENVC_SGLANG_UNTESTED", "1")
+    with pytest.warns(RuntimeWarning, match="untested"):
+        m.install(platform=cuda_platform)
+    m.uninstall()
+    monkeypatch.delenv("OPENVC_SGLANG_UNTESTED")
+    monkeypatch.setattr(m, "_installed_version", lambda: "0.5.10.post3")    # a post release: accepted
+    m.install(platform=cuda_platform)
+    m.uninstall()
+
+    class Changed(cuda_platform):             # a hook with another signature is refused on any version
+        @classmethod
+        def get_attn_backend_cls_str(cls, selected_backend, head_size, dtype, use_mla=False):
+            return ""
+    with pytest.raises(RuntimeError, match=r"Changed.get_attn_backend_cls_str takes \(selected_backend, "
+                                           r"head_size, dtype, use_mla\)"):
+        m.install(platform=Changed)
+    assert not m.is_installed()
+
+
+def test_tested_version_is_pinned(sgl):
+    pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"sglang[diffusion]=={sgl.mod.TESTED_VERSION}"' in pyproject
+    assert sgl.mod._installed_version() == sgl.mod.TESTED_VERSION, "the tests run against the tested sglang"
+
+
 def test_cli_installs_at_import(sgl, monkeypatch):
     calls = []
     monkeypatch.setattr(sgl.mod, "install", lambda **kw: calls.append(kw))

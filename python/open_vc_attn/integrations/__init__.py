@@ -3,6 +3,8 @@
 - :mod:`open_vc_attn.integrations.policy`: which attention calls go to openvc (one function, shared).
 - :mod:`open_vc_attn.integrations.diffusers`: an attention backend for diffusers' dispatch
   (docs/integrations/diffusers.md). Imports diffusers only when a function is called.
+- :mod:`open_vc_attn.integrations.yunchang`: an ``attn_processor`` for yunchang's (and xDiT's) Ulysses/ring
+  layers (docs/integrations/yunchang.md). Imports yunchang only when a function is called.
 - :mod:`open_vc_attn.integrations.sglang`: an attention backend for SGLang diffusion
   (``sglang.multimodal_gen``; docs/integrations/sglang.md). Imports sglang when imported.
 
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("policy", "diffusers", "sglang")
-__all__ = ["policy", "diffusers"]   # not "sglang": importing it imports sglang
+_SUBMODULES = ("policy", "diffusers", "yunchang", "sglang")
+__all__ = ["policy", "diffusers", "yunchang"]   # not "sglang": importing it imports sglang
 
 
 def __getattr__(name):

@@ -5,21 +5,30 @@ diffusers' transformers (Wan, HunyuanVideo, LTX, ...) compute q, k, v and call
 active backend. :func:`register` adds openvc's function to that registry under the name ``"openvc"``; it
 sends each call that openvc's fast path takes (:func:`open_vc_attn.integrations.policy.choose_path`: long,
 unmasked, non-causal self-attention with head dim 128 on Hopper) to :func:`open_vc_attn.attention`, and
-every other call (text/image cross-attention with few keys, short sequences, masks, causal, head dim 64,
-context parallelism) to a diffusers backend, ``"native"`` (torch SDPA) unless told otherwise.
+every other call (text/image cross-attention with few keys, short sequences, masks, causal, head dim 64) to
+a diffusers backend, ``"native"`` (torch SDPA) unless told otherwise.
 
 Three ways to turn it on:
-- :func:`apply` (one model): ``apply(pipe.transformer)`` wraps that model's attention processors, so only
-  its calls are routed; the rest of the pipeline keeps its backends. :func:`remove` undoes it.
+- :func:`apply` (a pipeline or one model): ``apply(pipe)`` wraps the attention processors of every
+  denoiser of the pipeline (``transformer`` and ``transformer_2`` of Wan2.2 A14B, ...), ``apply(model)``
+  those of one model; the rest keeps its backends. :func:`remove` undoes it. A wrapped model none of whose
+  calls reach openvc gets one :class:`FallbackWarning` with the reasons.
 - :func:`openvc_attention` (a block): ``with openvc_attention(): pipe(...)`` makes openvc the active
   backend of every dispatch call without an explicit backend, like diffusers' ``attention_backend``
   context manager (which accepts diffusers' own backend names only).
 - :func:`enable` / :func:`disable`: the same, process-wide.
 
-diffusers keys its registry by its ``AttentionBackendName`` enum, which has no member for openvc, so the
-backend is reachable only as the *active* backend (the three ways above), not through
-``model.set_attention_backend("openvc")``. A processor's explicit backend (``set_attention_backend``) is
-kept as the fallback of the modules :func:`apply` wraps.
+Context parallelism (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
+ring_degree=...))``): the backend is registered as supporting it; diffusers' own Ulysses all-to-all and
+ring loop run around openvc (:mod:`._diffusers_cp`), ring steps merging by openvc's LSE.
+
+diffusers 0.42 has no public way to add a named backend: its registry (``_AttentionBackendRegistry``) is
+private and keyed by the ``AttentionBackendName`` enum, which has no member for openvc. So the backend is
+reachable only as the *active* backend (the three ways above), not through
+``model.set_attention_backend("openvc")``, and this module checks the diffusers version before touching the
+registry (:data:`TESTED_VERSION`; other versions raise unless ``OPENVC_DIFFUSERS_UNTESTED=1``). A
+processor's explicit backend (``set_attention_backend``) is kept as the fallback of the modules
+:func:`apply` wraps.
 
 Importing this module imports neither torch nor diffusers; :func:`register` (called by all of the above)
 imports diffusers.
@@ -29,18 +38,32 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
+import warnings
+import weakref
 
+from . import _diffusers_cp
 from . import policy as _policy
 
-__all__ = ["BACKEND_NAME", "register", "openvc_attention", "enable", "disable", "apply", "remove", "stats",
-           "reset_stats"]
+__all__ = ["BACKEND_NAME", "TESTED_VERSION", "FallbackWarning", "register", "openvc_attention", "enable",
+           "disable", "apply", "remove", "stats", "reset_stats"]
 
 BACKEND_NAME = "openvc"
+TESTED_VERSION = "0.42.1"            # the diffusers this module was tested with
+_SUPPORTED_SERIES = ((0, 42),)       # releases with the same private registry, accepted without the variable
+_UNTESTED_ENV = "OPENVC_DIFFUSERS_UNTESTED"
+_REGISTRY_ATTRS = ("_backends", "_active_backend", "_supported_arg_names", "_supports_context_parallel",
+                   "register")
+
+
+class FallbackWarning(UserWarning):
+    """A model that :func:`apply` wrapped ran a forward in which no attention call took openvc's fast path."""
 
 
 class _BackendKey(str):
     """The registry key. diffusers reads ``.value`` of the active backend where it expects an enum member
-    (e.g. when it lists backends in an error message); a str with a .value stands in for one."""
+    (e.g. when it lists backends in an error message, or checks context-parallel support); a str with a
+    .value stands in for one."""
 
     @property
     def value(self):
@@ -52,45 +75,129 @@ _KEY = _BackendKey(BACKEND_NAME)
 
 class _State:
     registered = False
+    checked_version = None
     policy = _policy.DEFAULT_POLICY
     fallback = "native"                 # a diffusers AttentionBackendName value
     counts = collections.Counter()      # (path, reason) -> calls, counted in eager mode
+    routes = None                       # the _ModelRoutes of the wrapped model whose processor is running
 
 
 _state = _State()
 
 
-def _fast_attention(q, k, v, scale):
-    """openvc's fast path; tests swap it for a CPU reference stand-in."""
-    from .. import api
-    return api.attention(q, k, v, softmax_scale=scale)
+# ---- diffusers and its version -------------------------------------------------------------------------
+
+def _version_tuple(version):
+    """(major, minor) of a version string such as "0.42.1" or "0.43.0.dev0"."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = ""
+        for c in piece:
+            if not c.isdigit():
+                break
+            digits += c
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _check_version(diffusers, dispatch):
+    """Raises RuntimeError when this diffusers' private attention registry is not the one this module
+    was written against (or, with OPENVC_DIFFUSERS_UNTESTED=1, warns once and goes on)."""
+    version = getattr(diffusers, "__version__", "unknown")
+    missing = [a for a in ("_AttentionBackendRegistry", "AttentionBackendName", "dispatch_attention_fn",
+                           "_templated_context_parallel_attention") if not hasattr(dispatch, a)]
+    if not missing:
+        missing = [f"_AttentionBackendRegistry.{a}" for a in _REGISTRY_ATTRS
+                   if not hasattr(dispatch._AttentionBackendRegistry, a)]
+    if missing:
+        raise RuntimeError(f"diffusers {version}: diffusers.models.attention_dispatch has no {', '.join(missing)}; "
+                           f"open_vc_attn.integrations.diffusers supports diffusers {TESTED_VERSION} (pip install "
+                           f"'diffusers=={TESTED_VERSION}')")
+    if _version_tuple(version) not in _SUPPORTED_SERIES:
+        message = (f"diffusers {version}: open_vc_attn.integrations.diffusers registers openvc in diffusers' "
+                   f"private attention registry (diffusers has no public way to add a backend) and was tested "
+                   f"with diffusers {TESTED_VERSION}; install it (pip install 'diffusers=={TESTED_VERSION}') or "
+                   f"set {_UNTESTED_ENV}=1 to try this version")
+        if os.environ.get(_UNTESTED_ENV) != "1":
+            raise RuntimeError(message)
+        warnings.warn(message.split(";")[0] + f": untested, used because {_UNTESTED_ENV}=1", RuntimeWarning,
+                      stacklevel=3)
+    _state.checked_version = version
 
 
 def _dispatch():
+    import diffusers
     from diffusers.models import attention_dispatch
+    if _state.checked_version != getattr(diffusers, "__version__", None):
+        _check_version(diffusers, attention_dispatch)
     return attention_dispatch
+
+
+# ---- the backend function ------------------------------------------------------------------------------
+
+def _fast_attention(q, k, v, scale, return_lse=False):
+    """openvc's fast path (lse [B, H, Sq] with return_lse); tests swap it for a CPU stand-in."""
+    import open_vc_attn
+    return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse)
+
+
+def _record(path, reason):
+    _state.counts[(path, reason)] += 1
+    if _state.routes is not None:
+        _state.routes.counts[(path, reason)] += 1
+
+
+def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                   parallel_config):
+    dispatch = _dispatch()
+    return dispatch.dispatch_attention_fn(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, attention_kwargs={"return_lse": True} if return_lse else None,
+        backend=dispatch.AttentionBackendName(_state.fallback), parallel_config=parallel_config)
+
+
+def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False, return_lse=False):
+    """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
+    fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
+    path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
+                                       dropout_p=dropout_p, policy=_state.policy)
+    _record(path, reason)
+    if path == _policy.OPENVC:
+        res = _fast_attention(query, key, value, scale, return_lse)
+        out, lse = res if return_lse else (res, None)
+        out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
+        return (out, lse.transpose(1, 2).contiguous()) if return_lse else out
+    if return_lse:
+        # diffusers' native backends return no LSE (and its cuDNN path needs a parallel config for one):
+        # compute the call exactly, with its LSE.
+        if dropout_p:
+            raise ValueError(f"dropout_p: {dropout_p} with return_lse is not supported by the openvc backend "
+                             f"(inference only)")
+        from . import _exact
+        out, lse = _exact.attention_with_lse(query, key, value, scale=scale, causal=is_causal,
+                                             attn_mask=attn_mask)
+        return out, lse.transpose(1, 2).contiguous()
+    return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
 
 
 def _openvc_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                     enable_gqa=False, return_lse=False, _parallel_config=None):
     """The registered backend function: [B, S, H, D] in and out, as every diffusers backend."""
-    if _parallel_config is not None:
-        path, reason = _policy.FALLBACK, "context parallel"
-    elif return_lse:
-        path, reason = _policy.FALLBACK, "return_lse"
-    else:
-        path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
-                                           dropout_p=dropout_p, policy=_state.policy)
-    _state.counts[(path, reason)] += 1
-    if path == _policy.OPENVC:
-        out = _fast_attention(query, key, value, scale)
-        return out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
-    dispatch = _dispatch()
-    return dispatch.dispatch_attention_fn(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa, attention_kwargs={"return_lse": True} if return_lse else None,
-        backend=dispatch.AttentionBackendName(_state.fallback), parallel_config=_parallel_config)
+    if _parallel_config is None:
+        return _local_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                return_lse)
+    if is_causal or enable_gqa:
+        # diffusers' context-parallel templates take neither: the fallback backend runs the whole call.
+        _record(_policy.FALLBACK, "context parallel with " + ("causal" if is_causal else "enable_gqa"))
+        return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                              _parallel_config)
+    return _diffusers_cp.context_parallel_attention(
+        _dispatch(), _local_attention, query, key, value, attn_mask, dropout_p, scale, return_lse,
+        _parallel_config)
 
+
+# ---- registration and activation -----------------------------------------------------------------------
 
 def _fallback_name(fallback):
     if fallback is None:
@@ -126,13 +233,15 @@ def _check_policy(policy):
 
 def register(*, policy=None, fallback=None):
     """Registers the ``"openvc"`` backend with diffusers (idempotent) and sets, when given, the dispatch
-    policy and the fallback backend (a diffusers backend name, default ``"native"``). Returns the key."""
+    policy and the fallback backend (a diffusers backend name, default ``"native"``). Returns the key.
+    RuntimeError when the installed diffusers is not a tested version (see the module doc)."""
     _check_policy(policy)
     fallback = _fallback_name(fallback)
     dispatch = _dispatch()
     if not _state.registered or _KEY not in dispatch._AttentionBackendRegistry._backends:
         # No constraints: the function checks its inputs itself and sends what it cannot run onwards.
-        dispatch._AttentionBackendRegistry.register(_KEY, constraints=[])(_openvc_backend)
+        dispatch._AttentionBackendRegistry.register(_KEY, constraints=[], supports_context_parallel=True)(
+            _openvc_backend)
         _state.registered = True
     if policy is not None:
         _state.policy = policy
@@ -141,17 +250,18 @@ def register(*, policy=None, fallback=None):
 
 
 @contextlib.contextmanager
-def _routed(policy, fallback):
+def _routed(policy, fallback, routes=None):
     """Makes openvc the active diffusers backend, with this policy and fallback, for the block."""
     registry = _dispatch()._AttentionBackendRegistry
-    saved = registry._active_backend, _state.policy, _state.fallback
+    saved = registry._active_backend, _state.policy, _state.fallback, _state.routes
     registry._active_backend = _KEY
     _state.policy = policy if policy is not None else _state.policy
     _state.fallback = fallback
+    _state.routes = routes
     try:
         yield
     finally:
-        registry._active_backend, _state.policy, _state.fallback = saved
+        registry._active_backend, _state.policy, _state.fallback, _state.routes = saved
 
 
 @contextlib.contextmanager
@@ -161,7 +271,7 @@ def openvc_attention(*, policy=None, fallback=None):
     ``set_attention_backend`` keep that backend)."""
     _check_policy(policy)
     register()
-    with _routed(policy, _fallback_name(fallback)):
+    with _routed(policy, _fallback_name(fallback), _state.routes):
         yield
 
 
@@ -183,25 +293,61 @@ def disable():
         _dispatch()._AttentionBackendRegistry._active_backend = _enabled_saved.pop()
 
 
+# ---- wrapping models and pipelines ---------------------------------------------------------------------
+
+class _ModelRoutes:
+    """The calls of one wrapped model: its counts (``stats(model)``) and the one-time FallbackWarning,
+    decided after the first forward in which its processors made calls."""
+
+    def __init__(self, name):
+        self.name = name
+        self.counts = collections.Counter()
+        self.decided = False
+        self.hook = None
+
+    def after_forward(self, module, args, output):
+        if self.decided or not self.counts:
+            return                          # no call seen yet (or traced by torch.compile, uncounted)
+        self.decided = True
+        if any(path == _policy.OPENVC for path, _ in self.counts):
+            return
+        total = sum(self.counts.values())
+        reasons = "; ".join(f"{why} ({n})" for (_, why), n in self.counts.most_common())
+        warnings.warn(f"open_vc_attn: none of the {total} attention calls of {self.name} took openvc's fast "
+                      f"path; all ran on the fallback backend. Reasons: {reasons}. stats(model) has the counts; "
+                      f"docs/integrations/diffusers.md lists what each model needs.", FallbackWarning,
+                      stacklevel=2)
+
+
+_routes_of = weakref.WeakKeyDictionary()     # wrapped model -> its _ModelRoutes
+
+
 class _OpenVCProcessor:
     """Wraps one attention processor: its calls run with openvc as the active backend and the processor's
     own backend (if any) as the fallback. ``_attention_backend`` reads and writes that fallback, so a later
-    ``set_attention_backend`` on the model changes the general path of the wrapped modules."""
+    ``set_attention_backend`` on the model changes the general path of the wrapped modules; every other
+    attribute (``_parallel_config``, which ``enable_parallelism`` sets, ...) is the inner processor's."""
 
-    def __init__(self, inner, policy):
-        self._openvc_inner = inner
-        self._openvc_policy = policy
-        self._openvc_saved_backend = inner._attention_backend
-        self._openvc_fallback = getattr(inner._attention_backend, "value", inner._attention_backend)
+    def __init__(self, inner, policy, routes):
+        object.__setattr__(self, "_openvc_inner", inner)
+        object.__setattr__(self, "_openvc_policy", policy)
+        object.__setattr__(self, "_openvc_routes", routes)
+        object.__setattr__(self, "_openvc_saved_backend", inner._attention_backend)
+        object.__setattr__(self, "_openvc_fallback", getattr(inner._attention_backend, "value",
+                                                             inner._attention_backend))
         inner._attention_backend = None    # so that dispatch reads the active backend
 
     @property
     def _attention_backend(self):
         return self._openvc_fallback
 
-    @_attention_backend.setter
-    def _attention_backend(self, backend):
-        self._openvc_fallback = getattr(backend, "value", backend)
+    def __setattr__(self, name, value):
+        if name == "_attention_backend":
+            object.__setattr__(self, "_openvc_fallback", getattr(value, "value", value))
+        elif name.startswith("_openvc_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._openvc_inner, name, value)
 
     def __getattr__(self, name):           # everything else is the inner processor's
         if name.startswith("_openvc_"):
@@ -210,7 +356,7 @@ class _OpenVCProcessor:
 
     def _openvc_call(self, *args, **kwargs):
         fallback = self._openvc_fallback or _state.fallback
-        with _routed(self._openvc_policy, fallback):
+        with _routed(self._openvc_policy, fallback, self._openvc_routes):
             return self._openvc_inner(*args, **kwargs)
 
 
@@ -224,54 +370,134 @@ def _wrapper_class(inner_cls):
     return type(f"OpenVC{inner_cls.__name__}", (_OpenVCProcessor,), {"__call__": __call__})
 
 
-def _attention_modules(model):
+def _processors(model):
     for name, module in model.named_modules():
         proc = getattr(module, "processor", None)
-        if proc is not None and hasattr(proc, "_attention_backend") and callable(proc):
-            yield name, module, proc
+        if proc is not None and callable(proc):
+            yield module, proc
 
 
-def apply(model, *, policy=None, fallback=None):
-    """Routes ``model``'s attention calls through openvc (see the module doc); returns the number of
-    processors wrapped. model: a diffusers model (e.g. ``WanTransformer3DModel``) whose attention
-    processors call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute). Processors
-    already wrapped are left as they are."""
-    _check_policy(policy)
-    register()
-    if fallback is not None:
-        _fallback_name(fallback)     # validate now, not at the first call
+def _attention_modules(model):
+    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend)."""
+    return [(m, p) for m, p in _processors(model) if hasattr(p, "_attention_backend")]
+
+
+def _no_dispatch_reason(model):
+    direct = sorted({type(p).__name__ for _, p in _processors(model)})
+    if not direct:
+        return f"{type(model).__name__} has no attention processors"
+    return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
+            f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
+            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls "
+            f"(in diffusers {TESTED_VERSION}: CogVideoX, ConsisID, Mochi, Allegro, EasyAnimate; "
+            f"docs/integrations/diffusers.md)")
+
+
+def _is_pipeline(obj):
+    return not hasattr(obj, "named_modules") and isinstance(getattr(obj, "components", None), dict)
+
+
+def _denoisers(pipe):
+    """(name, model) of the pipeline's denoisers: components named transformer, transformer_2, unet, ...
+    (the VAE and the text encoders are left alone)."""
+    return [(name, comp) for name, comp in pipe.components.items()
+            if comp is not None and hasattr(comp, "named_modules")
+            and (name.split("_")[0] in ("transformer", "unet"))]
+
+
+def _apply_model(model, policy, fallback, name):
+    modules = _attention_modules(model)
+    if not modules:
+        raise ValueError(f"model: {_no_dispatch_reason(model)}")
+    routes = _routes_of.get(model)
+    if routes is None:                 # kept after remove(): stats(model) and the one-time warning persist
+        routes = _routes_of[model] = _ModelRoutes(name)
+    if routes.hook is None:
+        routes.hook = model.register_forward_hook(routes.after_forward)
     wrapped = 0
-    for _, module, proc in _attention_modules(model):
+    for module, proc in modules:
         if isinstance(proc, _OpenVCProcessor):
             continue
-        new = _wrapper_class(type(proc))(proc, policy)
+        new = _wrapper_class(type(proc))(proc, policy, routes)
         if fallback is not None:
-            new._attention_backend = _fallback_name(fallback)
+            new._attention_backend = fallback
         module.processor = new
         wrapped += 1
-    if not wrapped and not any(isinstance(p, _OpenVCProcessor) for _, _, p in _attention_modules(model)):
-        raise ValueError(f"model: found no attention processor that uses diffusers' attention dispatch in "
-                         f"{type(model).__name__} (processors need an _attention_backend attribute)")
     return wrapped
 
 
-def remove(model):
-    """Undoes :func:`apply`: puts the original processors (and their explicit backends) back."""
+def apply(model, *, policy=None, fallback=None):
+    """Routes the attention calls of ``model`` through openvc (see the module doc).
+
+    model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
+    ``unet``..., is wrapped) or a diffusers model (e.g. ``WanTransformer3DModel``) whose attention processors
+    call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute). Processors already
+    wrapped are left as they are. Returns the number of processors wrapped; for a pipeline a dict
+    ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g. CogVideoX,
+    whose processors call torch SDPA directly); a pipeline denoiser that cannot be routed while another can
+    gets a FallbackWarning with the reason."""
+    _check_policy(policy)
+    register()
+    fallback = _fallback_name(fallback) if fallback is not None else None   # validated now, not at a call
+    if not _is_pipeline(model):
+        if not hasattr(model, "named_modules"):
+            raise TypeError(f"model: expected a diffusers model (torch.nn.Module) or pipeline, got "
+                            f"{type(model).__name__}")
+        return _apply_model(model, policy, fallback, type(model).__name__)
+    denoisers = _denoisers(model)
+    if not denoisers:
+        raise ValueError(f"model: the pipeline {type(model).__name__} has no transformer or unet component "
+                         f"(components: {sorted(model.components)})")
+    wrapped, skipped = {}, []
+    for name, comp in denoisers:
+        try:
+            wrapped[name] = _apply_model(comp, policy, fallback, f"{type(comp).__name__} ({name})")
+        except ValueError as exc:
+            skipped.append(f"{name}: {str(exc).removeprefix('model: ')}")
+    if not wrapped:
+        raise ValueError(f"model: no denoiser of {type(model).__name__} can be routed: " + " | ".join(skipped))
+    for why in skipped:
+        warnings.warn(f"open_vc_attn: {type(model).__name__}.{why}", FallbackWarning, stacklevel=2)
+    return wrapped
+
+
+def _remove_model(model):
     removed = 0
-    for _, module, proc in _attention_modules(model):
+    for module, proc in _attention_modules(model):
         if isinstance(proc, _OpenVCProcessor):
             inner = proc._openvc_inner
             inner._attention_backend = proc._openvc_saved_backend
             module.processor = inner
             removed += 1
+    routes = _routes_of.get(model)
+    if routes is not None and routes.hook is not None:
+        routes.hook.remove()
+        routes.hook = None
     return removed
 
 
-def stats():
+def remove(model):
+    """Undoes :func:`apply`: puts the original processors (and their explicit backends) back. Returns the
+    number restored (a dict per denoiser for a pipeline)."""
+    if _is_pipeline(model):
+        return {name: _remove_model(comp) for name, comp in _denoisers(model)}
+    return _remove_model(model)
+
+
+def stats(model=None):
     """``{(path, reason): calls}`` since the last :func:`reset_stats` (eager calls; path is "openvc" or
-    "fallback")."""
-    return dict(_state.counts)
+    "fallback"): of every call, or of the calls of one model that :func:`apply` wrapped (kept after
+    :func:`remove`)."""
+    if model is None:
+        return dict(_state.counts)
+    routes = _routes_of.get(model)
+    if routes is None:
+        raise ValueError(f"model: {type(model).__name__} was never wrapped by apply()")
+    return dict(routes.counts)
 
 
 def reset_stats():
+    """Clears the counts (all of them, per model too; the one-time warning is not re-armed)."""
     _state.counts.clear()
+    for routes in list(_routes_of.values()):
+        routes.counts.clear()

@@ -18,13 +18,21 @@ metadata, no ring merge. Call :func:`install` in every process that builds model
 workers that means at the top level of the launching script, or run ``python -m
 open_vc_attn.integrations.sglang_cli`` in place of ``sglang``.
 
+The selection hook is private to SGLang, so :func:`install` first checks the installed sglang: release
+:data:`TESTED_VERSION` (0.5.10 and its post releases) and the hook's signature; other releases raise
+RuntimeError unless ``OPENVC_SGLANG_UNTESTED=1`` (a warning then; the signature is still checked).
+
 Importing this module imports torch and sglang (it subclasses sglang's base classes).
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib.metadata
+import inspect
+import os
 import sys
+import warnings
 from typing import Any
 
 from sglang.multimodal_gen.runtime.layers.attention.backends.attention_backend import (
@@ -40,9 +48,13 @@ from . import policy as _policy
 
 __all__ = ["OpenVCAttentionBackend", "OpenVCAttentionImpl", "OpenVCAttentionMetadata",
            "OpenVCAttentionMetadataBuilder", "install", "uninstall", "is_installed", "stats", "reset_stats",
-           "BACKEND_QUALNAME"]
+           "BACKEND_QUALNAME", "TESTED_VERSION"]
 
 BACKEND_QUALNAME = f"{__name__}.OpenVCAttentionBackend"
+TESTED_VERSION = "0.5.10.post1"      # the sglang this module was tested with
+_SUPPORTED_RELEASE = (0, 5, 10)      # its post releases (0.5.10.postN) are accepted too
+_UNTESTED_ENV = "OPENVC_SGLANG_UNTESTED"
+_HOOK_PARAMS = ["selected_backend", "head_size", "dtype"]
 
 # Class names (last component of the selector's qualname) of the dense backends install() replaces.
 _REPLACEABLE = {
@@ -170,12 +182,52 @@ def _platform_class(platform):
     return cls
 
 
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _release(version: str) -> tuple:
+    """The leading numeric release of a version string: "0.5.10.post1" -> (0, 5, 10)."""
+    out = []
+    for piece in version.split("."):
+        if not piece.isdigit():
+            break
+        out.append(int(piece))
+    return tuple(out)
+
+
+def _check_hook(cls) -> None:
+    """RuntimeError unless the installed sglang is the tested release (or OPENVC_SGLANG_UNTESTED=1) and
+    ``cls.get_attn_backend_cls_str`` takes (selected_backend, head_size, dtype), what install() wraps."""
+    version = _installed_version()
+    if _release(version)[:3] != _SUPPORTED_RELEASE:
+        message = (f"sglang {version}: open_vc_attn.integrations.sglang wraps SGLang's private backend selection "
+                   f"(Platform.get_attn_backend_cls_str) as sglang {TESTED_VERSION} defines it; install that "
+                   f"version (pip install 'sglang[diffusion]=={TESTED_VERSION}') or set {_UNTESTED_ENV}=1 to try "
+                   f"this one")
+        if os.environ.get(_UNTESTED_ENV) != "1":
+            raise RuntimeError(message)
+        warnings.warn(message.split(";")[0] + f": untested, used because {_UNTESTED_ENV}=1", RuntimeWarning,
+                      stacklevel=3)
+    params = list(inspect.signature(cls.get_attn_backend_cls_str).parameters)
+    if params != _HOOK_PARAMS:
+        raise RuntimeError(f"sglang {version}: {cls.__name__}.get_attn_backend_cls_str takes ({', '.join(params)}), "
+                           f"not ({', '.join(_HOOK_PARAMS)}) as in sglang {TESTED_VERSION}: install() cannot wrap it")
+    selector = sys.modules.get("sglang.multimodal_gen.runtime.layers.attention.selector")
+    if selector is not None and not hasattr(getattr(selector, "_cached_get_attn_backend", None), "cache_clear"):
+        raise RuntimeError(f"sglang {version}: the attention selector has no cached _cached_get_attn_backend, "
+                           f"which install() clears; supported: sglang {TESTED_VERSION}")
+
+
 def install(*, replace=("torch_sdpa", "fa", "fa2"), policy=None, platform=None) -> None:
     """Makes SGLang diffusion select :class:`OpenVCAttentionBackend` wherever it would select one of the
     ``replace`` backends (names as in ``--attention-backend``: "torch_sdpa", "fa", "fa2"). policy: the
     :class:`~open_vc_attn.integrations.policy.DispatchPolicy` of impls built from now on. platform: the
     SGLang platform whose selection is wrapped (default ``current_platform``). Idempotent; call before the
-    pipeline builds its models."""
+    pipeline builds its models. RuntimeError on an untested sglang (see the module doc)."""
     if isinstance(replace, str):
         replace = (replace,)
     names = []
@@ -190,6 +242,7 @@ def install(*, replace=("torch_sdpa", "fa", "fa2"), policy=None, platform=None) 
         _default_policy[0] = policy
     cls = _platform_class(platform)
     if cls not in _installed:
+        _check_hook(cls)
         # (the class's own attribute, None when inherited; the selection it made before install)
         _installed[cls] = (cls.__dict__.get("get_attn_backend_cls_str"), cls.get_attn_backend_cls_str)
     original = _installed[cls][1]
