@@ -392,8 +392,20 @@ def run_model(torch, ovd, policy, model, inputs):
     return ovd.stats()
 
 
-def test_hunyuan_video_calls(torch, ovd, policy, calls):
+def test_hunyuan_video_calls(torch, ovd, policy, calls, monkeypatch):
     from diffusers import HunyuanVideoTransformer3DModel
+    # openvc's fast path takes the key-padding mask: a CPU stand-in (torch SDPA with the same mask)
+    # records what it was given.
+    given = []
+
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False):
+        given.append((None if attn_mask is None else tuple(attn_mask.shape), causal))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+            attn_mask=attn_mask, scale=scale)
+        return out.transpose(1, 2).to(torch.bfloat16)
+
+    monkeypatch.setattr(ovd, "_fast_attention", fast)
     torch.manual_seed(0)
     model = HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=1,
@@ -410,7 +422,8 @@ def test_hunyuan_video_calls(torch, ovd, policy, calls):
     # joint attention over 3 * 8 * 8 video + 12 text tokens, a boolean key-padding mask [B, 1, 1, N]; the token
     # refiner calls torch SDPA itself (not wrapped)
     assert calls == [((1, 204, 2, 128), (1, 204, 2, 128), ("torch.bool", (1, 1, 1, 204)), False)] * 2
-    assert stats == {("fallback", "attn_mask"): 2}
+    assert stats == {("openvc", ""): 2}           # the text padding mask is a key padding mask
+    assert given == [((1, 1, 1, 204), False)] * 2
 
 
 def test_ltx_video_calls(torch, ovd, policy, calls):
@@ -429,7 +442,7 @@ def test_ltx_video_calls(torch, ovd, policy, calls):
     # self-attention head dim 64, unmasked; cross-attention to the text with an additive mask [B, H, 1, T]
     assert calls == [((1, 192, 2, 64), (1, 192, 2, 64), None, False),
                      ((1, 192, 2, 64), (1, 10, 2, 64), ("torch.bfloat16", (1, 2, 1, 10)), False)]
-    assert stats == {("fallback", "head_dim 64/64/64 (takes (128,))"): 1, ("fallback", "attn_mask"): 1}
+    assert stats == {("fallback", "head_dim 64/64/64 (takes (128,))"): 1, ("fallback", "attn_mask per head"): 1}
 
 
 def test_direct_sdpa_models_get_a_clear_error(torch, ovd):

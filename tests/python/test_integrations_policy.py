@@ -56,12 +56,24 @@ def test_long_self_attention_takes_openvc():
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    (dict(attn_mask=object()), "attn_mask"),
-    (dict(causal=True), "causal"),
+    (dict(attn_mask=FakeTensor((1, 1, 2048, 2048), "torch.bool")), "attn_mask per query (not a key padding mask)"),
+    (dict(attn_mask=FakeTensor((1, 12, 1, 2048), "torch.bfloat16")), "attn_mask per head"),
+    (dict(attn_mask=FakeTensor((1, 2048), "torch.int64")), "attn_mask dtype torch.int64 (takes bool or an additive "
+                                                           "float mask)"),
+    (dict(attn_mask=FakeTensor((1, 1, 1, 2048), "torch.bool"), causal=True), "attn_mask with causal"),
     (dict(dropout_p=0.1), "dropout"),
 ])
 def test_options_fall_back(kwargs, reason):
     assert policy.choose_path(*qkv(), **kwargs) == (policy.FALLBACK, reason)
+
+
+@pytest.mark.parametrize("mask_shape, dtype", [((1, 2048), "torch.bool"), ((1, 1, 2048), "torch.float32"),
+                                               ((1, 1, 1, 2048), "torch.bfloat16")])
+def test_key_padding_masks_and_causal_self_attention_take_openvc(mask_shape, dtype):
+    # key padding masks (HunyuanVideo's text padding) and causal self-attention run on the fast path
+    assert policy.choose_path(*qkv(), attn_mask=FakeTensor(mask_shape, dtype)) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(), causal=True) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(sq=1500, sk=2048), causal=True)[0] == policy.FALLBACK   # top-left vs end
 
 
 @pytest.mark.parametrize("shape_kw, prefix", [

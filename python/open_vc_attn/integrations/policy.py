@@ -2,12 +2,14 @@
 
 :func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
 no synchronization) and answers ``(OPENVC, "")`` when :func:`open_vc_attn.attention` computes exactly this
-call, or ``(FALLBACK, reason)`` when the framework's own attention should run it. Today openvc's fast path
-is the sm_90a kernel: non-causal, unmasked, head dim 128, equal head counts, BF16/FP16 CUDA tensors on a
-compute capability 9.0 device. Short calls and cross-attention to a few keys (text or image tokens) stay
-on the framework's path: quantization and the fixed per-call cost do not pay there, and those calls are a
-small part of a video model's time. When openvc grows a general path (causal, head dim 64, packed
-sequences), this function is the one place that changes.
+call (with ``key_padding_mask=attn_mask, causal=causal``), or ``(FALLBACK, reason)`` when the framework's
+own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128, equal head counts,
+BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or
+additive 0 / <= -10000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
+causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
+per-head masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys
+(text or image tokens) stay there too: quantization and the fixed per-call cost do not pay, and those
+calls are a small part of a video model's time. This function is the one place that changes.
 
 Imports nothing heavy: the arguments are duck-typed tensors, torch is imported only for the capability
 query of CUDA devices.
@@ -22,6 +24,7 @@ OPENVC = "openvc"
 FALLBACK = "fallback"
 
 _DTYPES = ("torch.bfloat16", "torch.float16")
+_MASK_DTYPES = ("torch.bool", "torch.bfloat16", "torch.float16", "torch.float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,24 @@ def _layout_ok(x) -> bool:
     return x.storage_offset() % 8 == 0
 
 
+def _key_mask_reason(mask, q, k):
+    """None when ``mask`` is a key padding mask openvc takes (its shape and dtype only: values are never
+    read), else why not."""
+    shape = tuple(mask.shape)
+    b, sk = q.shape[0], k.shape[1]
+    if len(shape) == 4 and shape[1] != 1:
+        return "attn_mask per head"
+    if len(shape) >= 3 and shape[-2] != 1:
+        return "attn_mask per query (not a key padding mask)"
+    if len(shape) not in (2, 3, 4) or shape[0] != b or shape[-1] != sk:
+        return f"attn_mask shape {shape} (takes key padding masks [B, Sk], [B, 1, Sk], [B, 1, 1, Sk])"
+    if str(mask.dtype) not in _MASK_DTYPES:
+        return f"attn_mask dtype {mask.dtype} (takes bool or an additive float mask)"
+    if mask.device != q.device:
+        return "attn_mask device"
+    return None
+
+
 def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=None):
     """``(OPENVC, "")`` when openvc should run this attention call, else ``(FALLBACK, reason)``.
 
@@ -92,9 +113,13 @@ def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=
     if str(q.dtype) not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return FALLBACK, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (needs one of bfloat16, float16)"
     if attn_mask is not None:
-        return FALLBACK, "attn_mask"
-    if causal:
-        return FALLBACK, "causal"
+        reason = _key_mask_reason(attn_mask, q, k)
+        if reason:
+            return FALLBACK, reason
+        if causal:
+            return FALLBACK, "attn_mask with causal"
+    if causal and q.shape[1] != k.shape[1]:
+        return FALLBACK, "causal with Sq != Sk (the framework's causal mask is top-left aligned)"
     if dropout_p:
         return FALLBACK, "dropout"
     if q.requires_grad or k.requires_grad or v.requires_grad:
