@@ -96,6 +96,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, total_q);
   OPENVC_FIELD(attn, AttentionParams, total_k);
   OPENVC_FIELD(attn, AttentionParams, seqused_k);
+  OPENVC_FIELD(attn, AttentionParams, out_dtype);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",
                                                                       "openvc::GeneralAttentionParams.");
@@ -109,6 +110,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(general, GeneralAttentionParams, total_q);
   OPENVC_FIELD(general, GeneralAttentionParams, total_k);
   OPENVC_FIELD(general, GeneralAttentionParams, seqused_k);
+  OPENVC_FIELD(general, GeneralAttentionParams, out_dtype);
   OPENVC_FIELD(general, GeneralAttentionParams, out);
   OPENVC_FIELD(general, GeneralAttentionParams, out_stride_batch);
   OPENVC_FIELD(general, GeneralAttentionParams, out_stride_seq);

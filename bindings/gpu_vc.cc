@@ -54,6 +54,7 @@ void register_vc(nb::module_& m) {
   OPENVC_FIELD(a, VcAttentionParams, out_stride_head);
   OPENVC_FIELD(a, VcAttentionParams, lse);
   OPENVC_FIELD(a, VcAttentionParams, softmax_scale);
+  OPENVC_FIELD(a, VcAttentionParams, out_dtype);
 
   m.def("vc_grouping_workspace_bytes", &vc_grouping_workspace_bytes, nb::arg("batch"), nb::arg("heads"),
         nb::arg("seqlen"), nb::arg("head_dim") = kHeadDim);

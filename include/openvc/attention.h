@@ -126,9 +126,10 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 struct AttentionParams {
   Fp8Inputs in;
   RepairInputs repair;                 // optional (rows 0: none); plain batched calls only
-  void* out = nullptr;                 // BF16 [B, Sq, H, D] (packed: [total_q, H, D])
+  void* out = nullptr;                 // out_dtype [B, Sq, H, D] (packed: [total_q, H, D])
   int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;  // elements
   float* lse = nullptr;                // optional FP32 [B, H, Sq] (packed: [H, total_q]), natural log
+  DType out_dtype = DType::kBFloat16;  // of out: BF16 (default) or FP16 (FP16 models, no cast kernel)
   float softmax_scale = 0.0f;          // <= 0: 1/sqrt(D)
   int mid_window_blocks = 4;           // kNaturalOrder for natural order
   // Causal, aligned to the end: key j visible to query i iff j <= i + Sk - Sq. Blocks above the

@@ -24,6 +24,7 @@ struct VcAttentionParams {
   void* out = nullptr;                       // BF16 [B, Sq, H, D]
   int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;  // elements
   float* lse = nullptr;                      // optional FP32 [B, H, Sq], natural log
+  DType out_dtype = DType::kBFloat16;        // of out: BF16 (default) or FP16
   float softmax_scale = 0.0f;                // <= 0: 1/sqrt(D)
 };
 Status attention_vc_fp8(const VcAttentionParams& params, cudaStream_t stream);

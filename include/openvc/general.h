@@ -53,6 +53,7 @@ struct GeneralAttentionParams {
   // lse + h*stride_head + t (contiguous: stride_head = total_q; stride_batch ignored).
   float* lse = nullptr;
   int64_t lse_stride_batch = 0, lse_stride_head = 0;
+  DType out_dtype = DType::kBFloat16;  // of out: BF16 (default) or FP16
   float softmax_scale = 0.0f;          // <= 0: 1/sqrt(D)
   int mid_window_blocks = 4;           // kNaturalOrder for natural order
 };

@@ -336,6 +336,16 @@ def bool_arg(x, name) -> bool:
     return x
 
 
+def out_dtype(x):
+    """out_dtype: None (BF16, the default), torch.bfloat16 or torch.float16; returns the torch dtype."""
+    torch = import_torch()
+    if x is None:
+        return torch.bfloat16
+    if x not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"out_dtype: expected None, torch.bfloat16 or torch.float16, got {x!r}")
+    return x
+
+
 def return_lse(x) -> bool:
     return bool_arg(x, "return_lse")
 

@@ -139,7 +139,7 @@ def _warn_general_path(reason):
 
 
 def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   seqused_k=None, names=("q", "q")):
+                   seqused_k=None, names=("q", "q"), out_dtype=None):
     """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
     seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
     heads, for the general path's grid-limit message."""
@@ -149,19 +149,28 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
     sq, sk = (max_q, max_k) if varlen is not None else (qc.shape[-3], kc.shape[-3])
     reason = _general_path_reason(int(qc.shape[-1]), sq, sk)
     if reason is None and varlen is None and seqused_k is None and not causal:
-        out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse)
+        out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype)
     elif reason is None:   # causal, packed sequences, key counts: the fast path's other modes
         out, lse = ops.attention_fp8_full_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                             mid_window_blocks, return_lse, seqused_k)
+                                             mid_window_blocks, return_lse, seqused_k, out_dtype)
     else:
         _warn_general_path(reason)
         batch = tensors[5].shape[0]   # v_descale [B or N, H]
         _checks.check_general_grid(batch, tensors[5].shape[1], names, varlen is not None)
         out, lse = ops.attention_general_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                            mid_window_blocks, return_lse, seqused_k)
+                                            mid_window_blocks, return_lse, seqused_k, out_dtype)
     if rank == 3 and varlen is None:  # one sequence: drop the batch axis again (views, no copy)
         out, lse = out[0], (lse[0] if return_lse else lse)
     return (out, lse) if return_lse else out
+
+
+def _cast_out(res, out_dtype):
+    """The BF16 reference's output in out_dtype (it computes in BF16 through SDPA)."""
+    if out_dtype is None:
+        return res
+    if isinstance(res, tuple):
+        return (res[0].to(out_dtype), res[1])
+    return res.to(out_dtype)
 
 
 # ---- public functions ---------------------------------------------------------------------------------
@@ -208,7 +217,7 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
 
 
 def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
-                  return_lse=False):
+                  return_lse=False, out_dtype=None):
     """ExpCast FP8 attention on a preparation (docs/numerics.md sections 2-5), batched or packed.
 
     softmax_scale None means 1/sqrt(D). causal: key j visible to query i iff j <= i + (Sk - Sq) (with key
@@ -216,7 +225,10 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]; packed: [total_q, H, D]);
     with return_lse, (out, lse) where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q,
     [H, total_q] packed). head_dim 128 runs the sm_90a fast path, head_dim 64 the general path.
+    out_dtype: None or torch.bfloat16 (the default: BF16 out), or torch.float16: the kernels write FP16
+    directly (no cast kernel), for FP16 models.
     """
+    _checks.out_dtype(out_dtype)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
@@ -224,13 +236,13 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     varlen = ((prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"], meta["seqlen_k"])
               if prepared.is_varlen else None)
     return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal, varlen,
-                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"))
+                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"), out_dtype=out_dtype)
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
               mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-              max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, version="open-vc",
-              mode="expcast"):
+              max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, out_dtype=None,
+              version="open-vc", mode="expcast"):
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
@@ -260,7 +272,11 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     below the longest sequence, counts out of range, or additive masks holding biases. Without it nothing
     is read: the kernels clamp offsets and counts to the tensors (no out-of-bounds access whatever they
     hold) and the results are those of the clamped sequences (docs/api.md).
+
+    out_dtype: None or torch.bfloat16 (default, BF16 out for BF16 and FP16 inputs alike), or torch.float16:
+    the kernels write FP16 directly, so FP16 models need no cast kernel.
     """
+    _checks.out_dtype(out_dtype)
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
@@ -284,12 +300,13 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             _keys.validate_on_host(seqused_k=seqused_k, slot_k=sk, key_padding_mask=key_padding_mask)
         if version == "reference":
             from . import _sdpa
-            return _sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=seqused_k, keep=keep)
+            return _cast_out(_sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=seqused_k,
+                                                  keep=keep), out_dtype)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         from . import ops
         return _run_attention(ops.prepare_fp8_op(q4, k4, v4, seqused_k), rank, scale, mid, want_lse, causal,
-                              seqused_k=seqused_k)
+                              seqused_k=seqused_k, out_dtype=out_dtype)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
                          "seqused_k to cut each sequence's keys)")
@@ -305,8 +322,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             raise ValueError("seqused_k: the BF16 reference (version='reference') of packed sequences does not take "
                              "key counts")
         from . import _sdpa
-        return _sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse)
+        return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
+                         out_dtype)
     from . import ops
     tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k)
     return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k),
-                          seqused_k, names=("cu_seqlens_q", "q"))
+                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype)

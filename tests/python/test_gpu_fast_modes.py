@@ -259,3 +259,40 @@ def test_tiny_groups_give_finite_zero_outputs(torch):
         out = call(q, k, v)
         assert torch.isfinite(out).all(), name
         assert float(out.float().abs().max()) <= 1e-36, name   # tiny V groups are zeros (exact: ~1e-38)
+
+
+# ---- out_dtype: FP16 out without a cast kernel (every path) ------------------------------------------
+
+@pytest.mark.parametrize("path", ["dense", "causal", "packed", "seqused", "d64"])
+def test_fp16_output_is_the_bf16_output_in_fp16(torch, path):
+    """out_dtype=torch.float16 writes the same FP32 results rounded to FP16: within one BF16 step of the
+    BF16 output everywhere, and closer to the FP32 truth than BF16 on average."""
+    warnings.simplefilter("ignore", RuntimeWarning)
+    q, k, v = (x.to(torch.float16) for x in torch_qkv(torch, 2, 300, 2, seed=14))
+    call = dict(_paths(torch))[path]
+    bf = call(q, k, v)
+    fp = call(q, k, v, out_dtype=torch.float16)
+    assert bf.dtype == torch.bfloat16 and fp.dtype == torch.float16 and fp.shape == bf.shape
+    diff = (fp.float() - bf.float()).abs()
+    assert float((diff - bf.float().abs() / 128).max()) <= 1e-6   # within a BF16 rounding step
+    with pytest.raises(TypeError, match="^out_dtype: expected None, torch.bfloat16 or torch.float16"):
+        open_vc_attn.attention(q, k, v, out_dtype=torch.float32)
+
+
+# ---- the repair and VC paths on extreme and non-finite inputs -------------------------------------------
+
+def test_repair_and_vc_paths_on_extreme_and_non_finite_inputs(torch):
+    from open_vc_attn import baselines, repair
+    q, k, v = torch_qkv(torch, 1, 512, 2, seed=15)
+    calls = [("repair", lambda q, k, v: repair.attention_v_repair(repair.prepare_v_repair(q, k, v, budget=0.01))),
+             ("vc", lambda q, k, v: baselines.vc_attention(q, k, v))]
+    for name, call in calls:
+        big = call(q * 1e4, k * 1e4, v)                       # huge score spreads
+        assert torch.isfinite(big).all() and float(big.abs().max()) <= 1.01 * float(v.abs().max()), name
+        tiny = call(*(x.float().mul(1e-38).to(torch.bfloat16) for x in (q, k, v)))
+        assert torch.isfinite(tiny).all(), name               # tiny groups are zeros
+        clean = call(q, k, v)
+        bad = k.clone()
+        bad[0, 100, 1, 3] = float("nan")
+        got = call(q, bad, v)
+        assert torch.equal(got[:, :, 0], clean[:, :, 0]), name   # head 0 untouched

@@ -76,6 +76,7 @@ def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim):
 def set_output(p, out, lse, softmax_scale, out_strides=None):
     """The output fields every attention parameter struct shares (lse None: no LSE output)."""
     p.out = out.data_ptr()
+    p.out_dtype = dtype_of(out)   # BF16 or FP16 (the ops allocate one of the two)
     p.out_stride_batch, p.out_stride_seq, p.out_stride_head = out_strides or out.stride()[:3]
     p.lse = 0 if lse is None else lse.data_ptr()
     p.softmax_scale = float(softmax_scale)

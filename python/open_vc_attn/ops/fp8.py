@@ -32,13 +32,13 @@ _PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None) "
 _PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
                           "int max_seqlen_k, Tensor? seqused_k=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
-                     "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse) "
-                     "-> (Tensor, Tensor)")
+                     "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse, "
+                     "ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 # attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
 _SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                     "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
                     "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
-                    "Tensor? seqused_k=None) -> (Tensor, Tensor)")
+                    "Tensor? seqused_k=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 
 
 def _allocate(expectations, alloc):
@@ -121,10 +121,11 @@ def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 # ---- attention_fp8 (the sm_90a fast path) -----------------------------------------------------------------
 
-def attention_outputs(q_codes, return_lse, alloc):
-    """out BF16 [B, Sq, H, D] and lse float32 [B, H, Sq] (or [0]) of the batched attention ops."""
+def attention_outputs(q_codes, return_lse, alloc, out_dtype=None):
+    """out [B, Sq, H, D] (BF16, or out_dtype) and lse float32 [B, H, Sq] (or [0]) of the batched attention ops."""
     b, sq, h, d = q_codes.shape
-    return alloc((b, sq, h, d), torch.bfloat16), alloc((b, h, sq) if return_lse else (0,), torch.float32)
+    return (alloc((b, sq, h, d), _checks.out_dtype(out_dtype)),
+            alloc((b, h, sq) if return_lse else (0,), torch.float32))
 
 
 def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks):
@@ -137,11 +138,11 @@ def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks):
 @torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
                          schema=_ATTENTION_SCHEMA)
 def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                   mid_window_blocks, return_lse):
+                   mid_window_blocks, return_lse, out_dtype=None):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
     sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device))
+    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device), out_dtype)
     p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
     with torch.cuda.device(q_codes.device):
         _ext.load().attention_fp8(p, dev.stream(q_codes.device))
@@ -150,24 +151,25 @@ def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, 
 
 @_attention_fp8.register_fake
 def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                        mid_window_blocks, return_lse):
+                        mid_window_blocks, return_lse, out_dtype=None):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
     _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks)
-    return attention_outputs(q_codes, return_lse, dev.like(q_codes))
+    return attention_outputs(q_codes, return_lse, dev.like(q_codes), out_dtype)
 
 
 # ---- attention_general and attention_fp8_full: every call form --------------------------------------------
 # attention_general: the CUDA-core general path (head_dim 64 or 128). attention_fp8_full: the sm_90a fast
 # path in its causal / packed / key-count modes (head_dim 128). Same arguments, same outputs.
 
-def _sequence_outputs(packed, sizes, return_lse, alloc, fill):
+def _sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
     """out and lse of the sequence ops. Packed: out [total_q, H, D] zeros and lse [H, total_q] -inf, so the
-    rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D] and [B, H, Sq], all written."""
+    rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D] and [B, H, Sq], all written.
+    out is BF16, or out_dtype."""
     n, sq, _, h, d = sizes
+    dtype = _checks.out_dtype(out_dtype)
     if packed:
-        return (fill((sq, h, d), torch.bfloat16, 0.0),
-                fill((h, sq) if return_lse else (0,), torch.float32, float("-inf")))
-    return alloc((n, sq, h, d), torch.bfloat16), alloc((n, h, sq) if return_lse else (0,), torch.float32)
+        return (fill((sq, h, d), dtype, 0.0), fill((h, sq) if return_lse else (0,), torch.float32, float("-inf")))
+    return alloc((n, sq, h, d), dtype), alloc((n, h, sq) if return_lse else (0,), torch.float32)
 
 
 def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast):
@@ -178,12 +180,12 @@ def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_
 
 
 def _launch_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                     seqused_k):
+                     seqused_k, out_dtype=None):
     qc = tensors[0]
     packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
     n, sq, sk, h, d = (int(x) for x in sizes)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
-    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(qc.device), dev.full(qc.device))
+    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(qc.device), dev.full(qc.device), out_dtype)
     ext = _ext.load()
     p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
                    mid_window_blocks=int(mid_window_blocks))
@@ -206,44 +208,46 @@ def _launch_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, cau
     return out, lse
 
 
-def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k):
+def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k,
+                   out_dtype=None):
     packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
     like = dev.like(tensors[0])
-    return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype))
+    return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
 
 
 @torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
                          schema=_SEQUENCE_SCHEMA)
 def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
-                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None):
+                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
+                       out_dtype=None):
     return _launch_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k)
+                            return_lse, seqused_k, out_dtype)
 
 
 @_attention_general.register_fake
 def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k=None):
+                            return_lse, seqused_k=None, out_dtype=None):
     return _fake_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k)
+                          seqused_k, out_dtype)
 
 
 @torch.library.custom_op("open_vc_attn::attention_fp8_full", mutates_args=(), device_types="cuda",
                          schema=_SEQUENCE_SCHEMA)
 def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                        seqused_k=None):
+                        seqused_k=None, out_dtype=None):
     return _launch_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k)
+                            return_lse, seqused_k, out_dtype)
 
 
 @_attention_fp8_full.register_fake
 def _attention_fp8_full_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                             return_lse, seqused_k=None):
+                             return_lse, seqused_k=None, out_dtype=None):
     return _fake_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k)
+                          seqused_k, out_dtype)

@@ -55,6 +55,7 @@ struct KernelParams {
   float tau;               // resolved softmax scale
   int mid_window;          // -1: natural order
   bool causal;
+  bool out_fp16;           // out holds FP16 instead of BF16 (same strides)
 };
 
 // Shared memory carve-up (bytes). Q and K/V rows have an odd pitch of D + 1 floats, so reading one
@@ -308,8 +309,11 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
     const bool any = row_m[r] != -INFINITY;   // else no visible key: output 0, lse -inf
     __nv_bfloat16* o = p.out + (packed ? 0 : int64_t(s) * p.out_sb) + tok * p.out_ss + int64_t(h) * p.out_sh;
 #pragma unroll
-    for (int c = 0; c < kCols; ++c)
-      o[tx + 16 * c] = __float2bfloat16_rn(any ? float(__ddiv_rn(__dmul_rn(dv, double(A[i][c])), l)) : 0.0f);
+    for (int c = 0; c < kCols; ++c) {
+      const float val = any ? float(__ddiv_rn(__dmul_rn(dv, double(A[i][c])), l)) : 0.0f;
+      if (p.out_fp16) reinterpret_cast<__half*>(o)[tx + 16 * c] = __float2half_rn(val);
+      else o[tx + 16 * c] = __float2bfloat16_rn(val);
+    }
     if (p.lse != nullptr && tx == 0) {
       float* dst = p.lse + (packed ? 0 : int64_t(s) * p.lse_sb) + int64_t(h) * p.lse_sh + tok;
       // m is in code units (8 log2 of the numerator); l is scaled by 2^8 (code 120 = 256).

@@ -86,6 +86,8 @@ Status validate(const GeneralAttentionParams& p) {
     return Status::Invalid("softmax_scale must be finite (<= 0 selects 1/sqrt(D)), got " + std::to_string(p.softmax_scale));
   if (p.mid_window_blocks < kNaturalOrder)
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
+  if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
+    return Status::Invalid("out_dtype must be kBFloat16 or kFloat16");
   return Status::Ok();
 }
 
@@ -135,6 +137,7 @@ Status attention_general(const GeneralAttentionParams& params, cudaStream_t stre
   kp.tau = params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(static_cast<float>(in.head_dim));
   kp.mid_window = params.mid_window_blocks;
   kp.causal = params.causal;
+  kp.out_fp16 = params.out_dtype == DType::kFloat16;
   const dim3 grid(static_cast<unsigned>(kp.nq), static_cast<unsigned>(in.heads), static_cast<unsigned>(seqs));
   return in.head_dim == 64 ? launch<64>(kp, grid, stream) : launch<128>(kp, grid, stream);
 }

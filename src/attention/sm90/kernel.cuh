@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -206,13 +207,25 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   const int r_lo = c.qt * Cfg::kBlockM + row_base + g, r_hi = r_lo + 8;
   const int sq = w.sq;
   __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
+  // Two outputs of a row as one 32-bit store, BF16 or FP16 (a uniform epilogue branch: out_dtype).
+  const bool fp16 = p.out_fp16;
+  auto store_pair = [fp16](__nv_bfloat16* dst, float x, float y) {
+    uint32_t bits;
+    if (fp16) {
+      const __half2 h = __floats2half2_rn(x, y);
+      bits = *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
+      bits = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint32_t*>(dst) = bits;
+  };
   if (r_lo < sq) {
     __nv_bfloat16* row = base + r_lo * p.out_stride_s;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
-      *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
+      store_pair(row + 8 * j + 2 * t, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
     }
   }
   if (r_hi < sq) {
@@ -220,8 +233,7 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
-      *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * t) =
-          __floats2bfloat162_rn(o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+      store_pair(row + 8 * j + 2 * t, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
     }
   }
   if (p.lse != nullptr && t == 0) {

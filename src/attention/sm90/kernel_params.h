@@ -31,6 +31,7 @@ struct KernelParams {
   const int* seqused_k;
   int total_q, total_k;
   int64_t lse_stride_s, lse_stride_h;  // lse + s * lse_stride_s + h * lse_stride_h + output token
+  bool out_fp16;                       // out holds FP16 instead of BF16 (same strides; epilogue only)
 };
 
 }  // namespace openvc::sm90

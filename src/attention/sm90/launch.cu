@@ -130,6 +130,8 @@ Status validate(const AttentionParams& p, bool vc) {
                            (sh.packed ? " (seq always, packed)" : ""));
   if (!std::isfinite(p.softmax_scale))
     return Status::Invalid("softmax_scale must be finite, got " + std::to_string(p.softmax_scale));
+  if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
+    return Status::Invalid("out_dtype must be kBFloat16 or kFloat16");
   const RepairInputs& r = p.repair;
   if (r.rows < 0) return Status::Invalid("repair.rows must be >= 0, got " + str(r.rows));
   if (r.rows > 0) {
@@ -240,6 +242,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.total_k = static_cast<int>(sh.packed ? params.total_k : rows_k);
   kp.lse_stride_s = sh.packed ? 0 : h * sq;   // LSE [H, total_q] packed, [B, H, Sq] batched
   kp.lse_stride_h = sh.packed ? params.total_q : sq;
+  kp.out_fp16 = params.out_dtype == DType::kFloat16;
 
   pl.mode = vc ? kVcMode
            : rep.rows > 0 ? kRepairMode

@@ -22,6 +22,7 @@ Status attention_vc_fp8(const VcAttentionParams& params, cudaStream_t stream) {
   ap.out_stride_seq = params.out_stride_seq;
   ap.out_stride_head = params.out_stride_head;
   ap.lse = params.lse;
+  ap.out_dtype = params.out_dtype;
   ap.softmax_scale = params.softmax_scale;
   ap.mid_window_blocks = kNaturalOrder;
   sm90::VcModeInputs vc;
