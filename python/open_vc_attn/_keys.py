@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from ._checks import import_torch, shape_of
 
-PAD_BIAS = -10000.0   # additive mask entries at or below this mask their key
+# Additive mask entries at or below this mask their key: a weight below e^-1000 is exactly 0 in FP32,
+# and the common padding values (-10000, which BF16 rounds to -9984 as LTX-Video passes it; finfo.min;
+# -inf) all lie below it.
+PAD_BIAS = -1000.0
 
 
 def key_mask(mask, batch: int, seqlen_k: int, device):
     """The boolean keep-mask [B, Sk] of a key padding mask: bool (True keeps the key) or an additive float
-    mask of shape [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk] whose entries <= PAD_BIAS (-10000, -inf included:
-    their softmax weight is below e^-10000, exactly 0 in FP32) mask the key and 0 keeps it. Other values
+    mask of shape [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk] whose entries <= PAD_BIAS (-1000, -inf included:
+    their softmax weight is below e^-1000, exactly 0 in FP32) mask the key and 0 keeps it. Other values
     are attention biases, which are not applied (check_inputs=True rejects them). Masks of any other shape
     (per query, [B, H, Sq, Sk]) raise."""
     torch = import_torch()

@@ -261,7 +261,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
 
     Key padding (batched, non-causal or causal): seqused_k, an int32 CUDA tensor [B] of key counts (entry
     b attends its first seqused_k[b] keys; clamped to [0, Sk]), or key_padding_mask, a key mask of shape
-    [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: bool (True keeps the key) or additive float (0 keeps, <= -10000 or
+    [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: bool (True keeps the key) or additive float (0 keeps, <= -1000 or
     -inf masks; other values are biases, not applied). The mask's kept keys are moved to the front of
     each entry (a stable sort and one gather of k and v, no synchronization) and attended as key counts,
     exact for non-causal attention; with causal=True only seqused_k is taken. A row with no key gives 0.

@@ -118,7 +118,7 @@ def test_key_counts_equal_the_call_on_the_used_keys(torch, causal):
     assert torch.equal(open_vc_attn.attention_fp8(prepared, causal=causal), out)
 
 
-@pytest.mark.parametrize("form", ["bool", "additive", "bool4d", "finfo_min"])
+@pytest.mark.parametrize("form", ["bool", "additive", "bool4d", "finfo_min", "ltx_bf16"])
 def test_key_padding_mask_equals_the_call_on_the_kept_keys(torch, form):
     b, sq, sk, h = 2, 300, 1000, 2
     q, _, _ = torch_qkv(torch, b, sq, h, seed=5)
@@ -130,7 +130,9 @@ def test_key_padding_mask_equals_the_call_on_the_kept_keys(torch, form):
     mask = {"bool": keep, "bool4d": keep[:, None, None, :],
             "additive": torch.zeros(b, sk, device="cuda").masked_fill(~keep, float("-inf")),
             "finfo_min": torch.zeros(b, 1, 1, sk, device="cuda", dtype=torch.bfloat16).masked_fill(
-                ~keep[:, None, None, :], torch.finfo(torch.bfloat16).min)}[form]
+                ~keep[:, None, None, :], torch.finfo(torch.bfloat16).min),
+            # LTX-Video's form: -10000 in BF16, i.e. -9984
+            "ltx_bf16": torch.where(keep, 0.0, -10000.0).to(torch.bfloat16)[:, None, :]}[form]
     out = open_vc_attn.attention(q, k, v, key_padding_mask=mask)
     for i in range(b):
         idx = keep[i].nonzero()[:, 0]

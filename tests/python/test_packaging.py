@@ -84,7 +84,15 @@ def test_sdist_contents_and_metadata(sdist):
     assert "Typing :: Typed" in meta.get_all("Classifier")
 
 
+def _cutlass_headers_available():
+    import importlib.util
+    return bool(os.environ.get("OPENVC_CUTLASS_INCLUDE")) or importlib.util.find_spec("cutlass_library") is not None
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not _cutlass_headers_available(),
+                    reason="CUTLASS headers not installed (pip install -r requirements/build.txt, or set "
+                           "OPENVC_CUTLASS_INCLUDE): the offline sdist build needs them")
 def test_sdist_installs_a_working_package(sdist, tmp_path):
     """pip builds the sdist (CMake, nvcc) into a separate folder; that copy runs the CPU reference."""
     target = tmp_path / "site"

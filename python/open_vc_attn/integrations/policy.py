@@ -5,7 +5,7 @@ no synchronization) and answers ``(OPENVC, "")`` when :func:`open_vc_attn.attent
 call (with ``key_padding_mask=attn_mask, causal=causal``), or ``(FALLBACK, reason)`` when the framework's
 own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128, equal head counts,
 BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or
-additive 0 / <= -10000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
+additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
 causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
 per-head masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys
 (text or image tokens) stay there too: quantization and the fixed per-call cost do not pay, and those
