@@ -52,14 +52,33 @@ struct TileCoord {
 template <int kMode>
 __device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p) {
   // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2. Causal:
-  // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light.
+  // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light;
+  // with causal_snake, query-tile-major over every (b, h), heaviest first (next_tile deals them).
   TileCoord c;
-  c.qt = tile % p.num_q_tiles;
-  if constexpr (has_mode<kMode>(kCausalMode)) c.qt = p.num_q_tiles - 1 - c.qt;
-  const int bh = tile / p.num_q_tiles;
+  int bh;
+  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
+    const int groups = p.batch * p.heads;
+    c.qt = p.num_q_tiles - 1 - tile / groups;
+    bh = tile % groups;
+  } else {
+    c.qt = tile % p.num_q_tiles;
+    if constexpr (has_mode<kMode>(kCausalMode)) c.qt = p.num_q_tiles - 1 - c.qt;
+    bh = tile / p.num_q_tiles;
+  }
   c.h = bh % p.heads;
   c.b = bh / p.heads;
   return c;
+}
+
+// This CTA's next tile: every gridDim.x-th; causal_snake deals round m of gridDim.x tiles in
+// alternating directions (the rounds stay in order, so the sequence still increases).
+template <int kMode>
+__device__ __forceinline__ int next_tile(int tile, const KernelParams& p) {
+  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
+    const int g = gridDim.x, m = tile / g + 1;
+    return m * g + ((m & 1) ? g - 1 - int(blockIdx.x) : int(blockIdx.x));
+  }
+  return tile + gridDim.x;
 }
 
 // What one query tile does, computed identically by the producer and the consumers.
@@ -130,7 +149,7 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kVarlen = has_mode<kMode>(kVarlenMode);
   RingState ring;
   int iter = 0;  // Q tiles loaded (tiles without keys load none)
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
     const TileWork w = tile_work<kMode>(tile, p);
     const TileCoord& c = w.c;
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
@@ -291,7 +310,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   const uint64_t desc_q = sw128_kmajor_desc(sh.q + 64 * wg * Cfg::kHeadDim);
   RingState ring;
   int iter = 0;
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
     const TileWork w = tile_work<kMode>(tile, p);
     const TileCoord& c = w.c;
     const int n = w.n;

@@ -32,6 +32,10 @@ struct KernelParams {
   int total_q, total_k;
   int64_t lse_stride_s, lse_stride_h;  // lse + s * lse_stride_s + h * lse_stride_h + output token
   bool out_fp16;                       // out holds FP16 instead of BF16 (same strides; epilogue only)
+  // Causal only: tiles in query-tile-major order, heaviest first, dealt to the CTAs in a snake (round m
+  // goes CTA 0..G-1 when m is even, G-1..0 when odd), which balances tiles of very different lengths;
+  // set by the host where (batch, head)-major order would leave the CTAs unevenly loaded.
+  bool causal_snake;
 };
 
 }  // namespace openvc::sm90
