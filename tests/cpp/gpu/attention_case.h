@@ -269,7 +269,10 @@ inline void run_case(const Case& c) {
         lse_err = std::max(lse_err, std::fabs(double(g) - w));
       }
   EXPECT_EQ(lse_bad, 0) << "of " << lse_rows << " LSE rows";
-  EXPECT_LE(lse_err, fast ? 0.03 : 1e-4);
+  // Fast path: the largest LSE move over all rows grows with their count (a few rows whose max key
+  // codes across a boundary); 0.05 is still well under one code step (ln(9/8) = 0.118). The mean
+  // against exact attention is held to the reference's below.
+  EXPECT_LE(lse_err, fast ? 0.05 : 1e-4);
 
   // Against exact attention on the original inputs: as accurate as the reference (within 10%), for
   // the output and for the LSE (the exact log-sum-exp).
