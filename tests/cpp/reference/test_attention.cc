@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -474,6 +475,41 @@ TEST(Metrics, KnownValues) {
   EXPECT_NEAR(same.cosine, 1.0, 1e-15);
   const float with_nan[2] = {NAN, 1.0f};
   EXPECT_TRUE(std::isnan(compare(with_nan, ref, 2).max_abs));
+}
+
+}  // namespace
+}  // namespace openvc::reference
+
+namespace openvc::reference {
+namespace {
+
+// docs/numerics.md "Non-finite input": a NaN or Inf in Q, K or V changes no output of another
+// (sequence, head), bit for bit.
+TEST(Attention, NonFiniteInputStaysInItsSequenceAndHead) {
+  for (int which = 0; which < 3; ++which) {
+    for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      Problem p = make_problem({300, 200}, {300, 200}, 3, 32, 21);
+      AttentionResult clean;
+      ASSERT_TRUE(attention_expcast(p.in, AttentionOptions{}, &clean).ok());
+      std::vector<float>& x = which == 0 ? p.x.q : which == 1 ? p.x.k : p.x.v;
+      const int H = 3, D = 32, tok = 300 + 150;   // sequence 1, token 150, head 2
+      x[(static_cast<size_t>(tok) * H + 2) * D + 5] = value;
+      PreparedInputs in;
+      ASSERT_TRUE(prepare_inputs(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, &in).ok());
+      AttentionResult got;
+      ASSERT_TRUE(attention_expcast(in, AttentionOptions{}, &got).ok());
+      int64_t changed = 0;
+      for (int t = 0; t < 500; ++t)
+        for (int h = 0; h < H; ++h) {
+          if (t >= 300 && h == 2) continue;   // the (sequence, head) that holds the value
+          for (int c = 0; c < D; ++c) {
+            const size_t i = (static_cast<size_t>(t) * H + h) * D + c;
+            changed += std::memcmp(&got.out[i], &clean.out[i], sizeof(float)) != 0;
+          }
+        }
+      EXPECT_EQ(changed, 0) << "input " << which << " value " << value;
+    }
+  }
 }
 
 }  // namespace
