@@ -30,7 +30,7 @@ import dataclasses
 from typing import Any
 
 from . import _checks
-from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM, QUANT_BLOCK
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM
 
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 

@@ -142,7 +142,9 @@ def test_version_check(ovd, monkeypatch):
             ovd.register()
     finally:
         ovd._state.checked_version = None      # re-checked against the real version by the next call
-    assert ovd._version_tuple("0.42.1") == (0, 42) and ovd._version_tuple("1.0rc1") == (1, 0)
+    from open_vc_attn.integrations import _versions
+    assert _versions.version_tuple("0.42.1") == (0, 42) and _versions.version_tuple("1.0rc1") == (1, 0)
+    assert _versions.version_tuple("0.5.10.post1", 3) == (0, 5, 10)
 
 
 def test_register_and_context(torch, ovd):

@@ -38,11 +38,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import os
 import warnings
 import weakref
 
 from . import _diffusers_cp
+from . import _versions
 from . import policy as _policy
 
 __all__ = ["BACKEND_NAME", "TESTED_VERSION", "FallbackWarning", "register", "openvc_attention", "enable",
@@ -87,19 +87,6 @@ _state = _State()
 
 # ---- diffusers and its version -------------------------------------------------------------------------
 
-def _version_tuple(version):
-    """(major, minor) of a version string such as "0.42.1" or "0.43.0.dev0"."""
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = ""
-        for c in piece:
-            if not c.isdigit():
-                break
-            digits += c
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
 def _check_version(diffusers, dispatch):
     """Raises RuntimeError when this diffusers' private attention registry is not the one this module
     was written against (or, with OPENVC_DIFFUSERS_UNTESTED=1, warns once and goes on)."""
@@ -113,15 +100,11 @@ def _check_version(diffusers, dispatch):
         raise RuntimeError(f"diffusers {version}: diffusers.models.attention_dispatch has no {', '.join(missing)}; "
                            f"open_vc_attn.integrations.diffusers supports diffusers {TESTED_VERSION} (pip install "
                            f"'diffusers=={TESTED_VERSION}')")
-    if _version_tuple(version) not in _SUPPORTED_SERIES:
-        message = (f"diffusers {version}: open_vc_attn.integrations.diffusers registers openvc in diffusers' "
-                   f"private attention registry (diffusers has no public way to add a backend) and was tested "
-                   f"with diffusers {TESTED_VERSION}; install it (pip install 'diffusers=={TESTED_VERSION}') or "
-                   f"set {_UNTESTED_ENV}=1 to try this version")
-        if os.environ.get(_UNTESTED_ENV) != "1":
-            raise RuntimeError(message)
-        warnings.warn(message.split(";")[0] + f": untested, used because {_UNTESTED_ENV}=1", RuntimeWarning,
-                      stacklevel=3)
+    message = (f"diffusers {version}: open_vc_attn.integrations.diffusers registers openvc in diffusers' "
+               f"private attention registry (diffusers has no public way to add a backend) and was tested "
+               f"with diffusers {TESTED_VERSION}; install it (pip install 'diffusers=={TESTED_VERSION}') or "
+               f"set {_UNTESTED_ENV}=1 to try this version")
+    _versions.gate_untested(_versions.version_tuple(version) in _SUPPORTED_SERIES, message, _UNTESTED_ENV)
     _state.checked_version = version
 
 

@@ -30,9 +30,7 @@ import collections
 import dataclasses
 import importlib.metadata
 import inspect
-import os
 import sys
-import warnings
 from typing import Any
 
 from sglang.multimodal_gen.runtime.layers.attention.backends.attention_backend import (
@@ -44,6 +42,7 @@ from sglang.multimodal_gen.runtime.layers.attention.backends.attention_backend i
 from sglang.multimodal_gen.runtime.layers.attention.backends.sdpa import SDPABackend, SDPAImpl
 from sglang.multimodal_gen.runtime.platforms import AttentionBackendEnum
 
+from . import _versions
 from . import policy as _policy
 
 __all__ = ["OpenVCAttentionBackend", "OpenVCAttentionImpl", "OpenVCAttentionMetadata",
@@ -189,29 +188,15 @@ def _installed_version() -> str:
         return "unknown"
 
 
-def _release(version: str) -> tuple:
-    """The leading numeric release of a version string: "0.5.10.post1" -> (0, 5, 10)."""
-    out = []
-    for piece in version.split("."):
-        if not piece.isdigit():
-            break
-        out.append(int(piece))
-    return tuple(out)
-
-
 def _check_hook(cls) -> None:
     """RuntimeError unless the installed sglang is the tested release (or OPENVC_SGLANG_UNTESTED=1) and
     ``cls.get_attn_backend_cls_str`` takes (selected_backend, head_size, dtype), what install() wraps."""
     version = _installed_version()
-    if _release(version)[:3] != _SUPPORTED_RELEASE:
-        message = (f"sglang {version}: open_vc_attn.integrations.sglang wraps SGLang's private backend selection "
-                   f"(Platform.get_attn_backend_cls_str) as sglang {TESTED_VERSION} defines it; install that "
-                   f"version (pip install 'sglang[diffusion]=={TESTED_VERSION}') or set {_UNTESTED_ENV}=1 to try "
-                   f"this one")
-        if os.environ.get(_UNTESTED_ENV) != "1":
-            raise RuntimeError(message)
-        warnings.warn(message.split(";")[0] + f": untested, used because {_UNTESTED_ENV}=1", RuntimeWarning,
-                      stacklevel=3)
+    message = (f"sglang {version}: open_vc_attn.integrations.sglang wraps SGLang's private backend selection "
+               f"(Platform.get_attn_backend_cls_str) as sglang {TESTED_VERSION} defines it; install that "
+               f"version (pip install 'sglang[diffusion]=={TESTED_VERSION}') or set {_UNTESTED_ENV}=1 to try "
+               f"this one")
+    _versions.gate_untested(_versions.version_tuple(version, 3) == _SUPPORTED_RELEASE, message, _UNTESTED_ENV)
     params = list(inspect.signature(cls.get_attn_backend_cls_str).parameters)
     if params != _HOOK_PARAMS:
         raise RuntimeError(f"sglang {version}: {cls.__name__}.get_attn_backend_cls_str takes ({', '.join(params)}), "

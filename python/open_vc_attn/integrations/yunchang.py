@@ -28,9 +28,8 @@ installed yunchang. Importing this module imports neither torch nor yunchang.
 from __future__ import annotations
 
 import collections
-import os
-import warnings
 
+from . import _versions
 from . import policy as _policy
 
 __all__ = ["ATTN_TYPE", "TESTED_VERSION", "OpenVCAttnProcessor", "check_hook", "long_context_attention",
@@ -65,32 +64,16 @@ def _exact_fallback(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return _exact.attention_with_lse(q, k, v, scale=softmax_scale, causal=causal, causal_from_end=True)
 
 
-def _version_tuple(version):
-    head = []
-    for piece in version.split(".")[:2]:
-        digits = ""
-        for c in piece:
-            if not c.isdigit():
-                break
-            digits += c
-        head.append(int(digits or 0))
-    return tuple(head)
-
-
 def _yunchang_kernels():
     """yunchang.kernels after a version check (RuntimeError on an untested version unless
     OPENVC_YUNCHANG_UNTESTED=1)."""
     import yunchang
     from yunchang import kernels
     version = getattr(yunchang, "__version__", "unknown")
-    if _version_tuple(version) not in _SUPPORTED_SERIES:
-        message = (f"yunchang {version}: open_vc_attn.integrations.yunchang uses yunchang's attn_processor hook as "
-                   f"yunchang {TESTED_VERSION} defines it; install it (pip install 'yunchang=={TESTED_VERSION}') or "
-                   f"set {_UNTESTED_ENV}=1 to try this version (check_hook() still verifies the selection)")
-        if os.environ.get(_UNTESTED_ENV) != "1":
-            raise RuntimeError(message)
-        warnings.warn(message.split(";")[0] + f": untested, used because {_UNTESTED_ENV}=1", RuntimeWarning,
-                      stacklevel=3)
+    message = (f"yunchang {version}: open_vc_attn.integrations.yunchang uses yunchang's attn_processor hook as "
+               f"yunchang {TESTED_VERSION} defines it; install it (pip install 'yunchang=={TESTED_VERSION}') or "
+               f"set {_UNTESTED_ENV}=1 to try this version (check_hook() still verifies the selection)")
+    _versions.gate_untested(_versions.version_tuple(version) in _SUPPORTED_SERIES, message, _UNTESTED_ENV)
     if not callable(getattr(kernels, "select_flash_attn_impl", None)):
         raise RuntimeError(f"yunchang {version}: yunchang.kernels has no select_flash_attn_impl (the hook this "
                            f"module uses); supported: yunchang {TESTED_VERSION}")
