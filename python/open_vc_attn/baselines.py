@@ -24,6 +24,7 @@ import numbers
 from typing import Any
 
 from . import _checks
+from . import _checks_baselines
 
 __all__ = ["PreparedVC", "vc_grouping", "prepare_vc", "attention_vc", "vc_attention", "benchmark_vc"]
 
@@ -84,7 +85,7 @@ def _permutation4(permutation, k4, rank):
                 raise ValueError(f"permutation: expected shape [H, Sk] for rank-3 inputs (from vc_grouping), got "
                                  f"{_checks.shape_of(perm)}")
             perm = perm.unsqueeze(0)
-    _checks.check_permutation(perm, k4)
+    _checks_baselines.check_permutation(perm, k4)
     return perm
 
 
@@ -92,7 +93,7 @@ def _check_prepared(prepared):
     _checks.require_instance(prepared, PreparedVC, "prepared", "a PreparedVC from open_vc_attn.baselines.prepare_vc")
     meta = _checks.prepared_meta(prepared)
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
-    _checks.check_vc_tensors(prepared.tensors(), "prepared.", sizes)
+    _checks_baselines.check_vc_tensors(prepared.tensors(), "prepared.", sizes)
     return meta
 
 
@@ -103,7 +104,7 @@ def vc_grouping(v):
     v); entry i of a row is the original index of the token placed at position i. Deterministic: the same
     v (and shape) always gives the same permutation. Not bit-identical to reference.vc_grouping (the GPU
     works in FP32 on the tensor cores, the reference in double), but the same method."""
-    v4, rank = _checks.check_vc_v(v)
+    v4, rank = _checks_baselines.check_vc_v(v)
     from . import ops
     perm = ops.vc_grouping_op(v4)
     return perm[0] if rank == 3 else perm
@@ -119,7 +120,7 @@ def prepare_vc(q, k, v, permutation=None) -> PreparedVC:
     (later denoising steps: only the per-call preparation runs). Its values are read on the GPU only, so
     they are not checked: it must be a permutation of [0, Sk) per (batch, head).
     """
-    q4, k4, v4, rank = _checks.check_vc_qkv(q, k, v)
+    q4, k4, v4, rank = _checks_baselines.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)
     from . import ops
     if perm is None:
@@ -153,7 +154,7 @@ def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=Fa
     permutation or PreparedVC is given), prepare, attend. The intermediates are freed on return. Goes
     through the ops directly (no PreparedVC object), so ``torch.compile(fullgraph=True)`` traces it."""
     scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
-    q4, k4, v4, rank = _checks.check_vc_qkv(q, k, v)
+    q4, k4, v4, rank = _checks_baselines.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)
     from . import ops
     if perm is None:
@@ -172,7 +173,7 @@ def benchmark_vc(q, k, v, *, softmax_scale=None, warmup=2, iters=10) -> dict:
         raise ValueError(f"warmup: expected an int >= 0, got {warmup!r}")
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 1:
         raise ValueError(f"iters: expected an int >= 1, got {iters!r}")
-    _checks.check_vc_qkv(q, k, v)
+    _checks_baselines.check_vc_qkv(q, k, v)
 
     from .bench import harness
 

@@ -27,7 +27,8 @@ import numbers
 from typing import Any
 
 from . import _checks
-from ._checks import SELECTIONS
+from . import _checks_baselines
+from ._checks_baselines import SELECTIONS
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM, packed_columns
 from .api import PreparedFP8, attention_fp8, prepare_fp8
 
@@ -63,7 +64,7 @@ class PreparedRepair:
 def repair_rows(budget, seqlen_k: int) -> int:
     """Rows per head for ``budget``: round half away from zero of ``budget * seqlen_k`` (double), as the
     C++ ``openvc::repair_row_count`` and the reference compute it."""
-    return _checks.repair_rows(budget, seqlen_k)
+    return _checks_baselines.repair_rows(budget, seqlen_k)
 
 
 def _check_prepared_kind(prepared):
@@ -95,9 +96,9 @@ def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None
     mass over ``sample_rows`` query rows). prepared: an existing batched PreparedFP8 of exactly these q, k, v
     (skips re-quantizing; packed cu_seqlens preparations are rejected).
     """
-    budget = _checks.budget(budget)
-    selection = _checks.selection(selection)
-    sample_rows = _checks.sample_rows(sample_rows)
+    budget = _checks_baselines.budget(budget)
+    selection = _checks_baselines.selection(selection)
+    sample_rows = _checks_baselines.sample_rows(sample_rows)
     if prepared is not None:
         _check_prepared_kind(prepared)
     q4, k4, v4, _ = _checks.check_tokens(q, k, v, head_dims=(KERNEL_HEAD_DIM,), caller="prepare_v_repair")
@@ -135,7 +136,7 @@ def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
     if rows == 0:
         return attention_fp8(prepared.prepared, softmax_scale=softmax_scale,
                                   mid_window_blocks=mid_window_blocks, return_lse=return_lse)
-    _checks.check_repair_tensors(prepared.tensors(), meta["batch"], meta["heads"], meta["head_dim"], rows,
+    _checks_baselines.check_repair_tensors(prepared.tensors(), meta["batch"], meta["heads"], meta["head_dim"], rows,
                                  "prepared.")
     from . import ops
     out, lse = ops.attention_fp8_repair_op(*prepared.prepared.tensors(), *prepared.tensors(), scale, mid, want_lse)

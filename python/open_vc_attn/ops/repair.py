@@ -12,6 +12,7 @@
 import torch
 
 from .. import _checks, _ext
+from .. import _checks_baselines
 from .._layout import FP8_NAMES, repair_expectations
 from . import device as dev
 from .fp8 import attention_outputs, fast_params
@@ -36,7 +37,7 @@ def _launch(v, fp8, budget, given_rows, tokens, outs):
     b, sk, h, d = (int(s) for s in v.shape)
     dev.launch_checks(v.device, (("v", v), ("k_codes", fp8[0]), ("v_packed", fp8[2])))
     ext = _ext.load()
-    rows = given_rows if given_rows >= 0 else _checks.repair_rows(budget, sk)
+    rows = given_rows if given_rows >= 0 else _checks_baselines.repair_rows(budget, sk)
     if given_rows < 0 and int(ext.repair_row_count(budget, sk)) != rows:   # the outputs were sized by rows
         raise RuntimeError(f"open_vc_attn: repair row count mismatch for budget {budget!r}, Sk {sk}")
     ws = dev.workspace(ext.repair_workspace_bytes(b, h, sk, rows), v.device)
@@ -55,8 +56,8 @@ def _launch(v, fp8, budget, given_rows, tokens, outs):
 @torch.library.custom_op("open_vc_attn::prepare_v_repair", mutates_args=(), device_types="cuda",
                          schema=_PREPARE_SCHEMA)
 def _prepare_v_repair(v, k_codes, k_descale, v_packed, v_descale, budget):
-    b, sk, h, d = _checks.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
-    rows = _checks.repair_rows(budget, int(sk))
+    b, sk, h, d = _checks_baselines.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
+    rows = _checks_baselines.repair_rows(budget, int(sk))
     alloc = dev.empty(v.device)
     tokens, outs = alloc((b, h, rows), torch.int32), _outputs(b, h, d, rows, alloc)
     if rows > 0:
@@ -66,16 +67,16 @@ def _prepare_v_repair(v, k_codes, k_descale, v_packed, v_descale, budget):
 
 @_prepare_v_repair.register_fake
 def _prepare_v_repair_fake(v, k_codes, k_descale, v_packed, v_descale, budget):
-    b, sk, h, d = _checks.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
-    rows = _checks.repair_rows(budget, int(sk))   # the row count depends on Sk's value: specialize on it
+    b, sk, h, d = _checks_baselines.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
+    rows = _checks_baselines.repair_rows(budget, int(sk))   # the row count depends on Sk's value: specialize on it
     alloc = dev.like(v)
     return (alloc((b, h, rows), torch.int32), *_outputs(b, h, d, rows, alloc))
 
 
 @torch.library.custom_op("open_vc_attn::build_v_repair", mutates_args=(), device_types="cuda", schema=_BUILD_SCHEMA)
 def _build_v_repair(v, k_codes, k_descale, v_packed, v_descale, tokens):
-    b, sk, h, d = _checks.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
-    rows = _checks.check_repair_tokens(tokens, b, h)
+    b, sk, h, d = _checks_baselines.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
+    rows = _checks_baselines.check_repair_tokens(tokens, b, h)
     outs = _outputs(b, h, d, rows, dev.empty(v.device))
     if rows > 0:
         _launch(v, (k_codes, k_descale, v_packed, v_descale), 0.0, rows, tokens, outs)
@@ -84,8 +85,8 @@ def _build_v_repair(v, k_codes, k_descale, v_packed, v_descale, tokens):
 
 @_build_v_repair.register_fake
 def _build_v_repair_fake(v, k_codes, k_descale, v_packed, v_descale, tokens):
-    b, sk, h, d = _checks.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
-    return _outputs(b, h, d, _checks.check_repair_tokens(tokens, b, h), dev.like(v))
+    b, sk, h, d = _checks_baselines.check_repair_op_inputs(v, k_codes, k_descale, v_packed, v_descale)
+    return _outputs(b, h, d, _checks_baselines.check_repair_tokens(tokens, b, h), dev.like(v))
 
 
 @torch.library.custom_op("open_vc_attn::attention_fp8_repair", mutates_args=(), device_types="cuda",
@@ -98,7 +99,7 @@ def _attention_fp8_repair(q_codes, q_descale, k_codes, k_descale, v_packed, v_de
     sizes = tuple(int(s) for s in _checks.check_fast_op_args(fp8, softmax_scale, mid_window_blocks))
     b, _, _, h, d = sizes
     rows = int(repair_tokens.shape[-1]) if repair_tokens.dim() == 3 else -1
-    _checks.check_repair_tensors(repair, b, h, d, rows)
+    _checks_baselines.check_repair_tensors(repair, b, h, d, rows)
     dev.launch_checks(q_codes.device, zip(("q_codes", "k_codes", "v_packed", "repair_k_codes", "repair_v_packed"),
                                           (q_codes, k_codes, v_packed, repair_k_codes, repair_v_packed)))
     out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device))

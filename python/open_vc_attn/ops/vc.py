@@ -9,7 +9,8 @@
 """
 import torch
 
-from .. import _checks, _ext
+from .. import _ext
+from .. import _checks_baselines
 from .._layout import VC_NAMES, vc_expectations
 from . import device as dev
 from .fp8 import attention_outputs
@@ -26,7 +27,7 @@ _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor 
 
 @torch.library.custom_op("open_vc_attn::vc_grouping", mutates_args=(), device_types="cuda", schema=_GROUPING_SCHEMA)
 def _vc_grouping(v):
-    _checks.check_vc_grouping_op_args(v)
+    _checks_baselines.check_vc_grouping_op_args(v)
     dev.launch_checks(v.device, (("v", v),))
     b, s, h, d = (int(n) for n in v.shape)
     perm = torch.empty((b, h, s), dtype=torch.int32, device=v.device)
@@ -42,7 +43,7 @@ def _vc_grouping(v):
 
 @_vc_grouping.register_fake
 def _vc_grouping_fake(v):
-    _checks.check_vc_grouping_op_args(v)
+    _checks_baselines.check_vc_grouping_op_args(v)
     b, s, h, _ = v.shape
     return v.new_empty((b, h, s), dtype=torch.int32)
 
@@ -56,7 +57,7 @@ def _prepare_outputs(q, k, alloc):
 
 @torch.library.custom_op("open_vc_attn::prepare_vc", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
 def _prepare_vc(q, k, v, permutation):
-    _checks.check_vc_prepare_op_args(q, k, v, permutation)
+    _checks_baselines.check_vc_prepare_op_args(q, k, v, permutation)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_outputs(q, k, dev.empty(q.device))
     b, sq, h, d = (int(n) for n in q.shape)
@@ -73,7 +74,7 @@ def _prepare_vc(q, k, v, permutation):
 
 @_prepare_vc.register_fake
 def _prepare_vc_fake(q, k, v, permutation):
-    _checks.check_vc_prepare_op_args(q, k, v, permutation)
+    _checks_baselines.check_vc_prepare_op_args(q, k, v, permutation)
     return _prepare_outputs(q, k, dev.like(q))
 
 
@@ -84,7 +85,7 @@ def _prepare_vc_fake(q, k, v, permutation):
 def _attention_vc_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_channel_descale, block_mean_scaled,
                       softmax_scale, return_lse):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_channel_descale, block_mean_scaled)
-    sizes = tuple(int(n) for n in _checks.check_vc_attention_op_args(tensors, softmax_scale))
+    sizes = tuple(int(n) for n in _checks_baselines.check_vc_attention_op_args(tensors, softmax_scale))
     dev.launch_checks(q_codes.device, zip(VC_NAMES, tensors))
     out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device))
     # in.v_descale is not read in VC mode (the per-channel descales replace it).
@@ -100,5 +101,5 @@ def _attention_vc_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_channe
 def _attention_vc_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_channel_descale, block_mean_scaled,
                            softmax_scale, return_lse):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_channel_descale, block_mean_scaled)
-    _checks.check_vc_attention_op_args(tensors, softmax_scale)
+    _checks_baselines.check_vc_attention_op_args(tensors, softmax_scale)
     return attention_outputs(q_codes, return_lse, dev.like(q_codes))
