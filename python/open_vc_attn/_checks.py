@@ -129,17 +129,22 @@ def check_fp8_tensors(tensors, prefix, sizes=None):
     return b, sq, sk, h, d
 
 
+def sizes_description(sizes):
+    """(B, Sq, Sk, H, D) as the shape messages name them."""
+    b, sq, sk, h, d = sizes
+    return f"B={b} Sq={sq} Sk={sk} H={h} D={d}"
+
+
 def check_fixed_layouts(expectations, tensors, prefix, sizes):
     """Each tensor against its (name, shape, dtype) expectation: dtype, shape, contiguity (the kernels'
-    fixed layouts), no grad. sizes (B, Sq, Sk, H, D) only name the shapes in messages."""
+    fixed layouts), no grad. sizes only names the shapes in messages: (B, Sq, Sk, H, D) or a string."""
     torch = import_torch()
-    b, sq, sk, h, d = sizes
+    where = sizes if isinstance(sizes, str) else sizes_description(sizes)
     for (name, shape, dtype), x in zip(expectations, tensors):
         if x.dtype != getattr(torch, dtype):
             raise TypeError(f"{prefix}{name}: expected dtype torch.{dtype}, got {x.dtype}")
         if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"{prefix}{name}: expected shape {tuple(shape)} for B={b} Sq={sq} Sk={sk} H={h} "
-                             f"D={d}, got {shape_of(x)}")
+            raise ValueError(f"{prefix}{name}: expected shape {tuple(shape)} for {where}, got {shape_of(x)}")
         if not x.is_contiguous():
             raise ValueError(f"{prefix}{name}: expected a contiguous tensor (the kernel's fixed layout), got "
                              f"strides {tuple(x.stride())} for shape {shape_of(x)}")
@@ -430,16 +435,8 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
     n = cu_q.shape[0] - 1
     total_q, h, d = tensors[0].shape
     total_k = tensors[2].shape[0]
-    for (name, want, dtype), x in zip(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k), tensors):
-        if x.dtype != getattr(torch, dtype):
-            raise TypeError(f"{name}: expected dtype torch.{dtype}, got {x.dtype}")
-        if tuple(x.shape) != tuple(want):
-            raise ValueError(f"{name}: expected shape {tuple(want)} for N={n} H={h} D={d} max_seqlen_q={max_q} "
-                             f"max_seqlen_k={max_k}, got {shape_of(x)}")
-        if not x.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor, got strides {tuple(x.stride())}")
-        if x.requires_grad:
-            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
+    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k), tensors, "",
+                        f"N={n} H={h} D={d} max_seqlen_q={max_q} max_seqlen_k={max_k}")
     if d not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
                          f"{shape_of(tensors[0])}")
