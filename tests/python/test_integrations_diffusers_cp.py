@@ -10,19 +10,14 @@ those workers.
 """
 import json
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from two_process import finish_rank, free_port, route_counts
+
 HERE = pathlib.Path(__file__).resolve()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("ulysses,ring,route,order", [
@@ -101,20 +96,11 @@ def _worker(rank, world, ulysses, ring, route, order, port, out_path):
     ovd.reset_stats()
     with torch.inference_mode():
         out = parallel(**inputs)[0]
-    routes = {f"{p}{': ' + why if why else ''}": n for (p, why), n in ovd.stats().items()}
+    routes = route_counts(ovd.stats())
     rel = float((out.double() - ref.double()).norm() / ref.double().norm())
     result = {"rank": rank, "rel_l2": rel, "routes": routes,
               "cp_backend": _AttentionBackendRegistry._is_context_parallel_available(ovd.register())}
-    gathered = [None] * world
-    dist.all_gather_object(gathered, result)
-    if rank == 0:
-        pathlib.Path(out_path).write_text(json.dumps({"ranks": gathered}))
-    dist.barrier()
-    # Leave without tearing gloo down: its threads can abort the process (SIGABRT, "terminate called without
-    # an active exception") at interpreter exit, after the result is written (seen about once in 50 runs).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank(dist, rank, world, result, out_path)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@
 import json
 import math
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from two_process import finish_rank, free_port, route_counts
 
 HERE = pathlib.Path(__file__).resolve()
 
@@ -164,12 +165,6 @@ def test_yunchang_fallbacks(yunchang, ovy):
         ovy.long_context_attention(ring_impl_type="zigzag")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)], ids=["ulysses2", "ring2"])
 @pytest.mark.parametrize("route", ["openvc", "fallback"])
 def test_long_context_attention_two_processes(yunchang, tmp_path, ulysses, ring, route):
@@ -224,19 +219,10 @@ def _worker(rank, world, ulysses, ring, route, port, out_path):
     shard = slice(rank * s // world, (rank + 1) * s // world)      # yunchang's basic layout: contiguous shards
     out = layer(q[:, shard].contiguous(), k[:, shard].contiguous(), v[:, shard].contiguous(), softmax_scale=0.06)
     ref, _ = reference(torch, q, k, v, 0.06)
-    routes = {f"{p}{': ' + why if why else ''}": n for (p, why), n in ovy.stats().items()}
+    routes = route_counts(ovy.stats())
     result = {"rank": rank, "rel_l2": rel(out, ref[:, shard]), "routes": routes,
               "sq": s // ring}    # the query tokens of one local call: the Ulysses-gathered or ring-local shard
-    gathered = [None] * world
-    dist.all_gather_object(gathered, result)
-    if rank == 0:
-        pathlib.Path(out_path).write_text(json.dumps({"ranks": gathered}))
-    dist.barrier()
-    # Leave without tearing gloo down: its threads can abort the process (SIGABRT, "terminate called without
-    # an active exception") at interpreter exit, after the result is written (seen about once in 50 runs).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_rank(dist, rank, world, result, out_path)
 
 
 if __name__ == "__main__":
