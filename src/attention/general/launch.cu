@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/call_pointers.h"
 #include "attention/general/kernel.cuh"
 #include "common/cuda_check.h"
 #include "openvc/general.h"
@@ -55,10 +56,7 @@ Status validate(const GeneralAttentionParams& p) {
       return Status::Invalid("in: expected batch in 0..65535 (a grid dimension), seqlen_q >= 0 and seqlen_k >= 0, "
                              "got " + str(in.batch) + ", " + str(in.seqlen_q) + ", " + str(in.seqlen_k));
   }
-  const struct { const void* ptr; const char* name; } ptrs[] = {
-      {in.q_codes, "in.q_codes"}, {in.k_codes, "in.k_codes"}, {in.v_packed, "in.v_packed"},
-      {in.q_descale, "in.q_descale"}, {in.k_descale, "in.k_descale"}, {in.v_descale, "in.v_descale"},
-      {p.out, "out"}};
+  const auto ptrs = call_pointers(p);
   for (const auto& x : ptrs)
     if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null");
   for (const auto& x : ptrs)   // 32-bit loads of 4 codes; descales are floats; out holds BF16

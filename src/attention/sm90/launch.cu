@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/call_pointers.h"
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/launch.h"
@@ -110,10 +111,7 @@ Status validate(const AttentionParams& p, bool vc) {
   OPENVC_RETURN_IF_ERROR(validate_form(p, vc));
   if (in.head_dim != KernelConfig::kHeadDim)
     return Status::Invalid("in.head_dim: the sm_90a kernel takes 128, got " + str(in.head_dim));
-  const struct { const void* ptr; const char* name; } ptrs[] = {
-      {in.q_codes, "in.q_codes"}, {in.k_codes, "in.k_codes"}, {in.v_packed, "in.v_packed"},
-      {in.q_descale, "in.q_descale"}, {in.k_descale, "in.k_descale"}, {in.v_descale, "in.v_descale"},
-      {p.out, "out"}};
+  const auto ptrs = call_pointers(p);
   for (const auto& x : ptrs)
     if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null");
   for (const auto& x : ptrs)
