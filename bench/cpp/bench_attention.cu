@@ -103,7 +103,9 @@ int main(int argc, char** argv) {
   const int B = argc > 3 ? std::atoi(argv[3]) : 1;
   const int rounds = argc > 4 ? std::atoi(argv[4]) : 7;
   const int window = argc > 5 ? std::atoi(argv[5]) : 4;
-  const int D = openvc::kHeadDim;
+  // OPENVC_BENCH_HEAD_DIM=64 times the head-dim-64 mode (the probes below are built for 128 only).
+  const char* d_env = std::getenv("OPENVC_BENCH_HEAD_DIM");
+  const int D = d_env != nullptr ? std::atoi(d_env) : openvc::kHeadDim;
   const size_t n = size_t(B) * S * H * D;
   const int64_t sp = openvc::packed_seqlen_k(S), nb = openvc::num_quant_blocks(S);
   __nv_bfloat16 *q, *k, *v, *out;

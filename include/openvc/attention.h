@@ -14,7 +14,7 @@ namespace openvc {
 enum class DType { kFloat16, kBFloat16 };
 
 inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile
-inline constexpr int kHeadDim = 128;         // head dim of the sm_90a fast path
+inline constexpr int kHeadDim = 128;         // default head dim (the sm_90a fast path takes 128 and 64)
 inline constexpr int kNaturalOrder = -1;     // mid_window_blocks value for natural key order
 
 // Keys inside each 16-key group of the packed V are stored in this order: packed column kappa holds
@@ -110,7 +110,7 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 
 // ---- Attention on prepared inputs -----------------------------------------------------------------
 // One kernel family; the parameters pick a compile-time mode of it (plain, repair, causal, packed /
-// key lengths). Three input forms, as prepare_fp8 writes them:
+// key lengths, head dim 128 or 64; repair takes 128 only). Three input forms, as prepare_fp8 writes them:
 // - Batched (default): in.batch, in.seqlen_q, in.seqlen_k give the sizes.
 // - Batched with key lengths (seqused_k set, cu_seqlens null): batch entry b uses its first
 //   seqused_k[b] keys (clamped to [0, seqlen_k]); the rest are padding (prepare_fp8 with the same

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._layout import (FP8_LAYOUTS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
+from ._layout import (FAST_HEAD_DIMS, FP8_LAYOUTS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
                       PREPARE_HEAD_DIMS, QUANT_BLOCK, VERSIONS, fp8_expectations, varlen_expectations)
 
 
@@ -376,7 +376,7 @@ def check_general_grid(batch, heads, names, packed=False):
     what = "sequences" if packed else "batches"
     for name, n, kind in ((names[0], batch, what), (names[1], heads, "heads")):
         if n > GRID_LIMIT:
-            raise ValueError(f"{name}: the general path (causal, packed sequences or head_dim 64) takes at most "
+            raise ValueError(f"{name}: the general path (CUDA cores) takes at most "
                              f"{GRID_LIMIT} {kind} (a CUDA grid dimension), got {n}; split the call along {kind}")
 
 
@@ -399,12 +399,15 @@ def check_rank4_tokens(op, q, k, v):
     check_tokens(q, k, v)
 
 
-def check_fast_op_args(tensors, softmax_scale, mid_window_blocks):
-    """open_vc_attn::attention_fp8 (and its repair variant): a batched preparation with head_dim 128."""
+def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False):
+    """open_vc_attn::attention_fp8 (head_dim 128 or 64) and its repair variant (head_dim 128): a batched
+    preparation."""
     b, sq, sk, h, d = check_fp8_tensors(tensors, "")
-    if d != KERNEL_HEAD_DIM:
-        raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim {KERNEL_HEAD_DIM} only, "
-                         f"got {d} (open_vc_attn::attention_general takes 64)")
+    if repair and d != KERNEL_HEAD_DIM:
+        raise ValueError(f"q_codes: open_vc_attn::attention_fp8_repair supports head_dim {KERNEL_HEAD_DIM} only, "
+                         f"got {d}")
+    if d not in FAST_HEAD_DIMS:
+        raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim 128 or 64, got {d}")
     check_op_scalars(softmax_scale, mid_window_blocks)
     return b, sq, sk, h, d
 
@@ -447,7 +450,7 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
 
 
 def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False):
-    """open_vc_attn::attention_general, and attention_fp8_full (fast: head_dim 128, no grid limit);
+    """open_vc_attn::attention_general, and attention_fp8_full (fast: no grid limit);
     returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is None and cu_k is None:
@@ -458,8 +461,8 @@ def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_
     else:
         sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k), True
     if fast:
-        if sizes[4] != KERNEL_HEAD_DIM:
-            raise ValueError(f"q_codes: the sm_90a fast path takes head_dim {KERNEL_HEAD_DIM}, got {sizes[4]}")
+        if sizes[4] not in FAST_HEAD_DIMS:
+            raise ValueError(f"q_codes: the sm_90a fast path takes head_dim 128 or 64, got {sizes[4]}")
         if not fast_path_range(max_q if packed else sizes[1], max_k if packed else sizes[2]):
             raise ValueError("q_codes, k_codes: ceil(seqlen_q/128) * ceil(seqlen_k/128) * 128 must be < 2^32 for "
                              "the sm_90a fast path")

@@ -30,7 +30,7 @@ import dataclasses
 from typing import Any
 
 from . import _checks
-from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS, FAST_HEAD_DIMS
 
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 
@@ -117,8 +117,8 @@ def _max_seqlen(given, cu):
 
 def _general_path_reason(d, sq, sk):
     """None when the sm_90a fast path takes the call, else why it runs on the general path."""
-    if d != KERNEL_HEAD_DIM:
-        return f"head_dim {d} (the fast path takes {KERNEL_HEAD_DIM} today)"
+    if d not in FAST_HEAD_DIMS:
+        return f"head_dim {d} (the fast path takes 128 or 64)"
     if not _checks.fast_path_range(sq, sk):
         return "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)"
     return None

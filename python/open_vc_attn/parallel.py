@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 
 from . import _checks, api
-from ._layout import DEFAULT_MID_WINDOW_BLOCKS, KERNEL_HEAD_DIM, PACKED_KEY_ORDER, QUANT_BLOCK
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS, FAST_HEAD_DIMS, PACKED_KEY_ORDER, QUANT_BLOCK
 
 __all__ = ["ulysses_attention", "attention_with_lse", "merge_attention_states"]
 
@@ -70,8 +70,8 @@ def _check_args(q, k, v, world_size, fp8_all_to_all):
                     f"tokens (Q/K descales are per {QUANT_BLOCK}-token block of the full sequence), got "
                     f"{name} shard length S/N = {x.shape[1]} ({name} shape {_checks.shape_of(x)}); pad the sequence "
                     f"to a multiple of {QUANT_BLOCK * world_size} tokens, or use fp8_all_to_all=False")
-    # dtype, empty dims, head dim 128, requires_grad, strides, device (last)
-    _checks.check_tokens(q4, k4, v4, head_dims=(KERNEL_HEAD_DIM,), caller="attention")
+    # dtype, empty dims, head dim 128 or 64, requires_grad, strides, device (last)
+    _checks.check_tokens(q4, k4, v4, head_dims=FAST_HEAD_DIMS, caller="attention")
     return q4, k4, v4, rank
 
 

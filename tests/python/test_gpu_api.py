@@ -233,9 +233,10 @@ def test_prepare_head_dim_64_and_strided_inputs(torch):
     p = open_vc_attn.prepare_fp8(qw[..., :64], kw[:, :300], v)
     np.testing.assert_array_equal(p.q_codes.cpu().numpy(), ref.quantize_blocks(qn).codes)
     np.testing.assert_array_equal(p.k_codes.cpu().numpy(), ref.quantize_blocks(kn).codes)
-    # D = 64 runs the general path, which computes the reference arithmetic (test_gpu_general.py).
+    # D = 64 runs the fast path's head-dim-64 mode: the reference arithmetic up to the FP8 tensor cores'
+    # truncating QK^T accumulation (the kernel tolerance of test_gpu_general.py's expect_matches_reference).
     out = open_vc_attn.attention_fp8(p).float().cpu().numpy()
-    assert rel_l2(out, ref.to_bfloat16_values(ref.attention(qn, kn, vn))) <= 1e-3
+    assert rel_l2(out, ref.to_bfloat16_values(ref.attention(qn, kn, vn))) <= 5e-3
 
 
 # ---- GPU: attention against the CPU reference ------------------------------------------------------------

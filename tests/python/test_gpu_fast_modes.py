@@ -181,22 +181,33 @@ def test_graph_replay_with_new_inputs_masks_and_offsets(torch):
             assert torch.equal(got, want)
 
 
-def test_head_dim_64_warns_once_that_it_runs_on_the_general_path(torch):
-    from open_vc_attn import api
-    api._WARNED.discard("head_dim 64 (the fast path takes 128 today)")
-    q = torch.randn(1, 256, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.warns(RuntimeWarning, match="general path"):
-        open_vc_attn.attention(q, q, q)
+def test_head_dim_64_takes_the_fast_path(torch):
+    """D = 64 (LTX-Video) runs the fast path's head-dim-64 mode: no general-path warning, and within the
+    kernel tolerance of the general path on the same preparation, dense, causal and packed."""
+    from open_vc_attn import ops
+    q, k, v = (x[..., :64].contiguous() for x in torch_qkv(torch, 2, 700, 3, seed=21))
+    for causal in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = open_vc_attn.attention(q, k, v, causal=causal)
+        p = open_vc_attn.prepare_fp8(q, k, v)
+        general, _ = ops.attention_general_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, False)
+        assert torch.isfinite(out).all() and rel_l2(out, general) < 1e-2, causal
+    cu = torch.tensor([0, 300, 1400], dtype=torch.int32, device="cuda")
+    flat = [x.reshape(1400, 3, 64) for x in (q, k, v)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        open_vc_attn.attention(q, q, q)   # once per process and reason
+        out = open_vc_attn.attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1100, max_seqlen_k=1100)
+    for a, b in ((0, 300), (300, 1400)):
+        one = open_vc_attn.attention(*(x[a:b][None] for x in flat))[0]
+        assert torch.equal(out[a:b], one)   # a packed sequence is computed like the call on it alone
 
 
 # ---- non-finite and extreme inputs (docs/numerics.md) ------------------------------------------------
 
 def _paths(torch):
-    """(name, call(q, k, v)) for every path: dense fast, causal fast, packed fast, key counts, D = 64
-    general."""
+    """(name, call(q, k, v)) for every path: dense, causal, packed, key counts and D = 64 on the fast path,
+    and the general path (open_vc_attn::attention_general) on the same preparation."""
     def packed(q, k, v, **kw):
         b, s = q.shape[:2]
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
@@ -205,12 +216,18 @@ def _paths(torch):
                                      max_seqlen_q=s, max_seqlen_k=s, **kw)
         return out.reshape(q.shape)
     counts = lambda q: torch.full((q.shape[0],), q.shape[1], dtype=torch.int32, device="cuda")
+
+    def general(q, k, v, softmax_scale=None):
+        from open_vc_attn import ops
+        p = open_vc_attn.prepare_fp8(q, k, v)
+        return ops.attention_general_op(*p.tensors(), None, None, 0, 0, softmax_scale or 0.0, False, 4, False)[0]
     d64 = lambda x: x[..., :64].contiguous()
     return [("dense", lambda q, k, v, **kw: open_vc_attn.attention(q, k, v, **kw)),
             ("causal", lambda q, k, v, **kw: open_vc_attn.attention(q, k, v, causal=True, **kw)),
             ("packed", packed),
             ("seqused", lambda q, k, v, **kw: open_vc_attn.attention(q, k, v, seqused_k=counts(q), **kw)),
-            ("d64", lambda q, k, v, **kw: open_vc_attn.attention(d64(q), d64(k), d64(v), **kw))]
+            ("d64", lambda q, k, v, **kw: open_vc_attn.attention(d64(q), d64(k), d64(v), **kw)),
+            ("general", general)]
 
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])

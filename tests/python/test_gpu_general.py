@@ -230,31 +230,34 @@ def test_general_op_fake_shapes_and_errors(torch):
 
 def test_general_path_grid_limits_name_the_argument(torch):
     """batch, heads and the sequence count are grid dimensions of the general path (at most 65535): checked
-    in Python, naming the argument (FakeTensorMode: CUDA tensors without a GPU or memory)."""
+    in Python, naming the argument (FakeTensorMode: CUDA tensors without a GPU or memory). attention() takes
+    every head dim and form on the fast path, which has no such limit."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from open_vc_attn import ops
     with FakeTensorMode():
         dev = dict(device="cuda", dtype=torch.bfloat16)
-        many_b, many_h = torch.empty(65536, 1, 1, 64, **dev), torch.empty(1, 1, 65536, 64, **dev)
-        with pytest.raises(ValueError, match="^q: the general path .* at most 65535 batches .* got 65536"):
-            open_vc_attn.attention(many_b, many_b, many_b)
-        with pytest.raises(ValueError, match="^q: the general path .* at most 65535 heads .* got 65536"):
-            open_vc_attn.attention(many_h, many_h, many_h, causal=True)
-        prepared = open_vc_attn.prepare_fp8(many_b, many_b, many_b)   # preparation has no such limit
-        with pytest.raises(ValueError, match="^prepared.batch: the general path .* at most 65535 batches"):
-            open_vc_attn.attention_fp8(prepared)
+        many_b = torch.empty(65536, 1, 1, 64, **dev)
+        prepared = open_vc_attn.prepare_fp8(many_b, many_b, many_b)
         with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 batches"):
             ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, False, 4, False)
-        packed = torch.empty(65536, 1, 64, **dev)   # head_dim 64: the general path (128 takes the fast path)
+        many_h = torch.empty(1, 1, 65536, 64, **dev)
+        prepared = open_vc_attn.prepare_fp8(many_h, many_h, many_h)
+        with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 heads"):
+            ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, True, 4, False)
+        packed = torch.empty(65536, 1, 64, **dev)
         cu = torch.arange(65537, dtype=torch.int32, device="cuda")
+        prepared = open_vc_attn.prepare_fp8(packed, packed, packed, cu, cu, 1, 1)
         with pytest.raises(ValueError, match="^cu_seqlens_q: the general path .* at most 65535 sequences"):
-            open_vc_attn.attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
-                                   max_seqlen_k=1)
-        # Up to the limit the checks pass (the fast path, head_dim 128 non-causal, has no such limit).
-        out = open_vc_attn.attention(*(torch.empty(65535, 1, 1, 64, **dev),) * 3)
-        assert out.shape == (65535, 1, 1, 64)
-        out = open_vc_attn.attention(*(torch.empty(65536, 1, 1, 128, **dev),) * 3)
-        assert out.shape == (65536, 1, 1, 128)
+            ops.attention_general_op(*prepared.tensors(), cu, cu, 1, 1, 0.0, False, 4, False)
+        # The fast path (both head dims, causal and packed too) has no such limit.
+        for d in (64, 128):
+            x = torch.empty(65536, 1, 1, d, **dev)
+            assert open_vc_attn.attention(x, x, x).shape == (65536, 1, 1, d)
+            x = torch.empty(1, 1, 65536, d, **dev)
+            assert open_vc_attn.attention(x, x, x, causal=True).shape == (1, 1, 65536, d)
+        out = open_vc_attn.attention(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1,
+                                     max_seqlen_k=1)
+        assert out.shape == packed.shape
 
 
 def test_extension_maps_general_status_to_value_error():
@@ -297,7 +300,7 @@ def test_batched_matches_reference(torch, b, sq, sk, h, d, causal, w):
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
     assert lse.shape == (b, h, sq) and lse.dtype == torch.float32
     want, want_lse = ref.attention(qn, kn, vn, causal=causal, mid_window_blocks=w, return_lse=True)
-    fast = d == 128   # head_dim 128 runs on the fast path (causal mode), 64 on the general path
+    fast = True   # both head dims run on the fast path (test_general_op_matches_reference: the general path)
     expect_matches_reference(out, lse, want, want_lse, fast)
     exact, exact_lse = ref.attention_exact(qn, kn, vn, causal=causal, return_lse=True)
     got = out.float().cpu().numpy()
@@ -328,12 +331,32 @@ def test_packed_matches_reference(torch, lens_q, lens_k, h, d, causal, give_max)
     assert out.shape == q.shape and lse.shape == (h, q.shape[0])
     want, want_lse = ref.attention(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
     want_lse = packed_lse(want_lse, cu_q, h)
-    fast = d == 128   # head_dim 128 runs on the fast path (packed mode), 64 on the general path
+    fast = True   # both head dims run on the fast path (packed mode)
     expect_matches_reference(out, lse, want, want_lse, fast)
     exact, exact_lse = ref.attention_exact(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal,
                                            return_lse=True)
     assert rel_l2(out.float().cpu().numpy(), exact) <= 1.1 * rel_l2(want, exact) + (1e-3 if fast else 1e-4)
     expect_lse_close_to_exact(lse, want_lse, packed_lse(exact_lse, cu_q, h), fast)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_general_op_matches_reference(torch, d, causal):
+    """The general path (open_vc_attn::attention_general, what attention() takes only past the fast path's
+    range) on batched and packed preparations of both head dims, against the reference arithmetic."""
+    from open_vc_attn import ops
+    qn, kn, vn = batched_qkv(2, 300, 700, 2, d, seed=5 + d)
+    p = open_vc_attn.prepare_fp8(*cuda(torch, qn, kn, vn))
+    out, lse = ops.attention_general_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, True)
+    want, want_lse = ref.attention(qn, kn, vn, causal=causal, return_lse=True)
+    expect_matches_reference(out, lse, want, want_lse, False)
+    qn, kn, vn, cu_q, cu_k = packed_qkv((1, 300, 1000), (700, 129, 1000), 2, d, seed=6 + d)
+    cq, ck = (torch.from_numpy(c).cuda() for c in (cu_q, cu_k))
+    p = open_vc_attn.prepare_fp8(*cuda(torch, qn, kn, vn), cq, ck, 1000, 1000)
+    out, lse = ops.attention_general_op(*p.tensors(), cq, ck, 1000, 1000, 0.0, causal, 4, True)
+    want, want_lse = ref.attention(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
+    expect_matches_reference(out, lse, want, packed_lse(want_lse, cu_q, 2), False)
 
 
 @pytest.mark.gpu
@@ -353,13 +376,14 @@ def test_packed_sequences_are_independent(torch):
 
 @pytest.mark.gpu
 def test_float16_scale_and_attention_fp8_general(torch):
-    """float16 inputs, an explicit scale; attention_fp8 takes causal and D = 64 preparations too."""
+    """float16 inputs, an explicit scale; attention_fp8 takes causal and D = 64 preparations too (the fast
+    path's head-dim-64 mode)."""
     qn, kn, vn = batched_qkv(2, 300, 700, 2, 64, seed=3)
     qn, kn, vn = (x.astype(np.float16) for x in (qn, kn, vn))
     q, k, v = cuda(torch, qn, kn, vn, dtype=torch.float16)
     out, lse = open_vc_attn.attention(q, k, v, softmax_scale=0.07, causal=True, return_lse=True)
     want, want_lse = ref.attention(qn, kn, vn, softmax_scale=0.07, causal=True, return_lse=True)
-    expect_matches_reference(out, lse, want, want_lse)
+    expect_matches_reference(out, lse, want, want_lse, True)
     p = open_vc_attn.prepare_fp8(q, k, v)
     o2, l2 = open_vc_attn.attention_fp8(p, softmax_scale=0.07, causal=True, return_lse=True)
     assert torch.equal(o2, out) and torch.equal(l2, lse)
@@ -424,7 +448,7 @@ def test_errors_on_gpu(torch):
         open_vc_attn.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck.cpu(), max_seqlen_q=20, max_seqlen_k=20)
     with pytest.raises(ValueError, match="^k: expected a CUDA tensor, got device cpu"):
         open_vc_attn.attention(q, k.cpu(), v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=20, max_seqlen_k=20)
-    # A packed preparation is attended like the one-call form (here head_dim 64: the general path).
+    # A packed preparation is attended like the one-call form (head_dim 64: the fast path's packed mode).
     prepared = open_vc_attn.prepare_fp8(q, k, v, cq, ck, 20, 20)
     want = open_vc_attn.attention(q, k, v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=20, max_seqlen_k=20,
                                   causal=True)

@@ -394,10 +394,10 @@ def run_model(torch, ovd, policy, model, inputs):
     return ovd.stats()
 
 
-def test_hunyuan_video_calls(torch, ovd, policy, calls, monkeypatch):
-    from diffusers import HunyuanVideoTransformer3DModel
-    # openvc's fast path takes the key-padding mask: a CPU stand-in (torch SDPA with the same mask)
-    # records what it was given.
+@pytest.fixture
+def cpu_fast(torch, ovd, monkeypatch):
+    """openvc's fast path on the CPU: a stand-in (torch SDPA with the same mask) that records the mask shape
+    and causal flag it was given."""
     given = []
 
     def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False):
@@ -408,6 +408,13 @@ def test_hunyuan_video_calls(torch, ovd, policy, calls, monkeypatch):
         return out.transpose(1, 2).to(torch.bfloat16)
 
     monkeypatch.setattr(ovd, "_fast_attention", fast)
+    return given
+
+
+def test_hunyuan_video_calls(torch, ovd, policy, calls, cpu_fast):
+    from diffusers import HunyuanVideoTransformer3DModel
+    # openvc's fast path takes the key-padding mask
+    given = cpu_fast
     torch.manual_seed(0)
     model = HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=128, num_layers=1,
@@ -428,7 +435,7 @@ def test_hunyuan_video_calls(torch, ovd, policy, calls, monkeypatch):
     assert given == [((1, 1, 1, 204), False)] * 2
 
 
-def test_ltx_video_calls(torch, ovd, policy, calls):
+def test_ltx_video_calls(torch, ovd, policy, calls, cpu_fast):
     from diffusers import LTXVideoTransformer3DModel
     torch.manual_seed(0)
     model = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=64,
@@ -441,10 +448,12 @@ def test_ltx_video_calls(torch, ovd, policy, calls):
                   encoder_hidden_states=torch.randn(1, 10, 32).to(torch.bfloat16), timestep=torch.tensor([500]),
                   encoder_attention_mask=text_mask, num_frames=3, height=8, width=8)
     stats = run_model(torch, ovd, policy, model, inputs)
-    # self-attention head dim 64, unmasked; cross-attention to the text with an additive mask [B, H, 1, T]
+    # self-attention head dim 64, unmasked (the fast path's D = 64 mode); cross-attention to the text with an
+    # additive mask [B, H, 1, T]
     assert calls == [((1, 192, 2, 64), (1, 192, 2, 64), None, False),
                      ((1, 192, 2, 64), (1, 10, 2, 64), ("torch.bfloat16", (1, 2, 1, 10)), False)]
-    assert stats == {("fallback", "head_dim 64/64/64 (takes (128,))"): 1, ("fallback", "attn_mask per head"): 1}
+    assert stats == {("openvc", ""): 1, ("fallback", "attn_mask per head"): 1}
+    assert cpu_fast == [(None, False)]
 
 
 def test_direct_sdpa_models_get_a_clear_error(torch, ovd):

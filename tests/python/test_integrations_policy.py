@@ -80,7 +80,7 @@ def test_key_padding_masks_and_causal_self_attention_take_openvc(mask_shape, dty
     (dict(sk=512), "few keys (512 < 1024)"),          # Wan text cross-attention
     (dict(sk=257), "few keys"),                       # Wan I2V image tokens
     (dict(sq=1023), "short query"),
-    (dict(d=64), "head_dim 64"),                      # LTX: the general path's job later
+    (dict(d=96), "head_dim 96"),                      # neither 128 nor 64
     (dict(h=12, hk=4), "gqa"),
     (dict(dtype="torch.float32"), "dtype"),
     (dict(requires_grad=True), "requires_grad"),
@@ -123,7 +123,8 @@ def test_custom_policy():
     small = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=256)
     assert policy.choose_path(*qkv(sq=128, sk=512), policy=small) == (policy.OPENVC, "")
     assert policy.choose_path(*qkv(sq=128, sk=200), policy=small)[1].startswith("few keys")
-    assert policy.choose_path(*qkv(d=64), policy=policy.DispatchPolicy(head_dims=(64, 128)))[0] == policy.OPENVC
+    assert policy.choose_path(*qkv(d=64))[0] == policy.OPENVC   # LTX-Video: the fast path's D = 64 mode
+    assert policy.choose_path(*qkv(d=64), policy=policy.DispatchPolicy(head_dims=(128,)))[1].startswith("head_dim")
 
 
 def test_policy_arguments():

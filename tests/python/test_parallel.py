@@ -130,8 +130,8 @@ def test_error_other_arguments(torch, par, monkeypatch):
         par.ulysses_attention(None, k, v)
     with pytest.raises(ValueError, match="^v: expected the shape of k"):
         par.ulysses_attention(q, k, v[:, :128])
-    with pytest.raises(ValueError, match="^q: head_dim 64 is not supported"):
-        par.ulysses_attention(*cpu_qkv(torch, (1, 256, 4, 64)))
+    with pytest.raises(ValueError, match="^q: head_dim 96 is not supported"):
+        par.ulysses_attention(*cpu_qkv(torch, (1, 256, 4, 96)))
     with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # the device comes last
         par.ulysses_attention(q, k, v)
 

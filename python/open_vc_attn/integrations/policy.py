@@ -3,7 +3,7 @@
 :func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
 no synchronization) and answers ``(OPENVC, "")`` when :func:`open_vc_attn.attention` computes exactly this
 call (with ``key_padding_mask=attn_mask, causal=causal``), or ``(FALLBACK, reason)`` when the framework's
-own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128, equal head counts,
+own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts,
 BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or
 additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
 causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
@@ -34,11 +34,11 @@ class DispatchPolicy:
     min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
     framework. 1024 keeps text cross-attention (Wan: 512 text tokens, 257 image tokens) and short
     sequences off openvc; `scripts/device/check.sh integrations` prints the measured crossover.
-    head_dims: head dims openvc takes (the fast path: 128).
+    head_dims: head dims openvc takes (the fast path: 128 and 64).
     """
     min_query_tokens: int = 1024
     min_key_tokens: int = 1024
-    head_dims: tuple = (128,)
+    head_dims: tuple = (128, 64)
 
     def __post_init__(self):
         for name in ("min_query_tokens", "min_key_tokens"):

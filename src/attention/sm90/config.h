@@ -1,15 +1,21 @@
 // Tile configuration of the sm_90a ExpCast attention kernel: the one place both the host launcher and
-// the device templates read.
+// the device templates read. One configuration per head dim; the tile shape is the same for both (two
+// consumer warpgroups of 64 query rows, 128 keys per tile), because tiles must coincide with the
+// 128-token quantization blocks and the key order of numerics section 5 is defined per 128-row tile.
 #pragma once
 
 namespace openvc::sm90 {
 
-struct KernelConfig {
-  static constexpr int kHeadDim = 128;
+template <int kD>
+struct TileConfig {
+  static_assert(kD == 128 || kD == 64, "the sm_90a kernel takes head dim 128 or 64");
+  static constexpr int kHeadDim = kD;
   static constexpr int kBlockN = 128;           // keys per tile == K quantization block (one multiplier)
-  static constexpr int kConsumerWarpgroups = 2; // ping-pong pair, 64 query rows each
+  static constexpr int kConsumerWarpgroups = 2; // 64 query rows each
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // == Q quantization block (one Q descale)
-  static constexpr int kStages = 5;             // K/V shared-memory ring depth
+  // K/V shared-memory ring depth: 5 stages of 33 KiB at D = 128; D = 64 tiles are half as large, so
+  // the ring holds more tiles in flight for the same shared memory.
+  static constexpr int kStages = kD == 128 ? 5 : 8;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;      // setmaxnreg: the TMA warp needs few registers
   static constexpr int kConsumerRegs = 240;
@@ -17,15 +23,20 @@ struct KernelConfig {
   // D..D+7 are the row sum of the same decoded codes that feed PV (numerics section 4), rescaled
   // with the numerator for free.
   static constexpr int kPvN = kHeadDim + 8;
-  static constexpr int kTileBytes = kBlockN * kHeadDim;       // one FP8 K or V tile, 16 KiB
+  static constexpr int kAccRegs = kPvN / 2;     // per-thread floats of a 64 x kPvN accumulator
+  static constexpr int kOutChunks = kHeadDim / 8;  // 8-column chunks of O (the row sum is chunk kOutChunks)
+  static constexpr int kRowBytes = kHeadDim;    // one FP8 Q or K row: its TMA swizzle and wgmma layout
+  static constexpr int kTileBytes = kBlockN * kHeadDim;       // one FP8 K or V tile
   static constexpr int kVStageBytes = kPvN * kBlockN;         // V tile + the 8 row-sum rows
   static constexpr int kQBytes = kBlockM * kHeadDim;
   // Tiles whose PV products share one tensor-core accumulator before it is added into FP32 registers
   // (and at every rescale): 2 halves the FP32 adds; 8 k32 steps stay well inside FP8 accumulation.
   static constexpr int kFlushTiles = 2;
+  static_assert(kBlockM == 128 && kBlockN == 128, "tiles must coincide with the 128-token quantization blocks");
 };
 
-static_assert(KernelConfig::kBlockM == 128 && KernelConfig::kBlockN == 128,
-              "tiles must coincide with the 128-token quantization blocks");
+// The host launcher's and the timing tool's default (head dim 128); kernel templates take theirs
+// from the mode (mode.h, ModeConfig).
+using KernelConfig = TileConfig<128>;
 
 }  // namespace openvc::sm90

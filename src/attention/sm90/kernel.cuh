@@ -30,17 +30,20 @@ using Cfg = KernelConfig;
 // Shared storage of a mode: only VC mode holds the block means.
 template <int kMode>
 struct alignas(1024) SharedStorage {
-  static constexpr int kMeanStages = has_mode<kMode>(kVcMode) ? Cfg::kStages : 0;
-  uint8_t q[Cfg::kQBytes];
-  uint8_t k[Cfg::kStages][Cfg::kTileBytes];
-  uint8_t v[Cfg::kStages][Cfg::kVStageBytes];
+  using C = ModeConfig<kMode>;
+  static constexpr int kMeanStages = has_mode<kMode>(kVcMode) ? C::kStages : 0;
+  uint8_t q[C::kQBytes];
+  uint8_t k[C::kStages][C::kTileBytes];
+  uint8_t v[C::kStages][C::kVStageBytes];
   uint64_t q_full, q_empty;
-  uint64_t k_full[Cfg::kStages], k_empty[Cfg::kStages];
-  uint64_t v_full[Cfg::kStages], v_empty[Cfg::kStages];
-  float vc_mean[kMeanStages > 0 ? kMeanStages : 1][Cfg::kHeadDim];  // VC: the V tile's block mean / descale
+  uint64_t k_full[C::kStages], k_empty[C::kStages];
+  uint64_t v_full[C::kStages], v_empty[C::kStages];
+  float vc_mean[kMeanStages > 0 ? kMeanStages : 1][C::kHeadDim];  // VC: the V tile's block mean / descale
+  static_assert(C::kQBytes % 1024 == 0 && C::kTileBytes % 1024 == 0 && C::kVStageBytes % 1024 == 0,
+                "swizzled operand tiles must stay 1024-byte aligned");
+  static_assert(!has_mode<kMode>(kHeadDim64Mode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
+                "repair and VC modes are built for head dim 128 only");
 };
-static_assert(Cfg::kQBytes % 1024 == 0 && Cfg::kTileBytes % 1024 == 0 && Cfg::kVStageBytes % 1024 == 0,
-              "swizzled operand tiles must stay 1024-byte aligned");
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
@@ -131,11 +134,12 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p) {
 }
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
+template <int kStages>
 struct RingState {
   int stage = 0;
   uint32_t phase = 0;
   __device__ __forceinline__ void advance() {
-    if (++stage == Cfg::kStages) {
+    if (++stage == kStages) {
       stage = 0;
       phase ^= 1;
     }
@@ -146,8 +150,9 @@ template <int kMode, int kProbe>
 __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const KernelParams& p, const CUtensorMap* tm_q,
                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                               const CUtensorMap* tm_krep, const CUtensorMap* tm_vrep) {
+  using C = ModeConfig<kMode>;
   constexpr bool kVarlen = has_mode<kMode>(kVarlenMode);
-  RingState ring;
+  RingState<C::kStages> ring;
   int iter = 0;  // Q tiles loaded (tiles without keys load none)
   for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
     const TileWork w = tile_work<kMode>(tile, p);
@@ -155,13 +160,13 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
     ++iter;
-    TxBarrier::arrive_and_expect_tx(&sh.q_full, Cfg::kQBytes);
+    TxBarrier::arrive_and_expect_tx(&sh.q_full, C::kQBytes);
     if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
     else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
     for (int i = 0; i < w.n; ++i, ring.advance()) {
       const int blk = w.order(i);
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
-      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
+      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
       if constexpr (kVarlen)
         cute::SM90_TMA_LOAD_3D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0,
                                      w.k_row0 + blk * Cfg::kBlockN, c.h);
@@ -169,23 +174,23 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
         cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
                                      c.h, c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
-      constexpr int kMeanBytes = has_mode<kMode>(kVcMode) ? Cfg::kHeadDim * 4 : 0;
-      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes + kMeanBytes);
+      constexpr int kMeanBytes = has_mode<kMode>(kVcMode) ? C::kHeadDim * 4 : 0;
+      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], C::kTileBytes + kMeanBytes);
       cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * Cfg::kBlockN, 0,
                                    c.b * p.heads + c.h);
       if constexpr (kMeanBytes > 0)
         cute::SM90_BULK_COPY_G2S::copy(
-            p.vc_mean_scaled + (int64_t(c.b * p.heads + c.h) * p.num_k_blocks + blk) * Cfg::kHeadDim,
+            p.vc_mean_scaled + (int64_t(c.b * p.heads + c.h) * p.num_k_blocks + blk) * C::kHeadDim,
             &sh.v_full[ring.stage], sh.vc_mean[ring.stage], kMeanBytes);
     }
     // Repair tiles: K copies [B, H, R, D] and residual V [B*H, D, R], after every original block.
     for (int r = 0; has_mode<kMode>(kRepairMode) && r < p.repair_tiles; ++r, ring.advance()) {
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
-      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], Cfg::kTileBytes);
+      TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
       cute::SM90_TMA_LOAD_4D::copy(tm_krep, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, r * Cfg::kBlockN, c.h,
                                    c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
-      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], Cfg::kTileBytes);
+      TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], C::kTileBytes);
       cute::SM90_TMA_LOAD_3D::copy(tm_vrep, &sh.v_full[ring.stage], 0, sh.v[ring.stage], r * Cfg::kBlockN, 0,
                                    c.b * p.heads + c.h);
     }
@@ -200,25 +205,28 @@ __device__ __forceinline__ void release(uint64_t* bar) {
 
 // Flush of the tensor-core partial into the FP32 accumulator, in the kernel's mode.
 template <int kMode>
-__device__ __forceinline__ void flush_partial(ConsumerState& st, const SharedStorage<kMode>& sh, int stage, int t) {
+__device__ __forceinline__ void flush_partial(ConsumerState<ModeConfig<kMode>::kHeadDim>& st,
+                                              const SharedStorage<kMode>& sh, int stage, int t) {
   if constexpr (has_mode<kMode>(kVcMode)) accumulate_tile_vc(st, sh.vc_mean[stage], t);
-  else accumulate_tile<17, has_mode<kMode>(kCausalMode)>(st);
+  else accumulate_tile<false, has_mode<kMode>(kCausalMode)>(st);
 }
 
 // Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
 // lse -inf). Rows past the sequence are never stored.
 template <int kMode, bool kNoKeys = false>
-__device__ __forceinline__ void store_output(const ConsumerState& st, const KernelParams& p, const TileWork& w,
-                                             int row_base, int g, int t) {
+__device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMode>::kHeadDim>& st,
+                                             const KernelParams& p, const TileWork& w, int row_base, int g, int t) {
+  using C = ModeConfig<kMode>;
+  constexpr int kL = C::kHeadDim / 2;  // the row sum's registers: o[kL..kL+1] row g, o[kL+2..kL+3] row g+8
   constexpr bool kVc = has_mode<kMode>(kVcMode), kVarlen = has_mode<kMode>(kVarlenMode);
   constexpr bool kEmptyRows = has_mode<kMode>(kCausalMode) || kNoKeys;  // rows that saw no key: l = 0
   const TileCoord& c = w.c;
   // Every column of the extra chunk is the row sum, so each thread already holds l for its rows
   // (a shuffle of an accumulator register here serializes the wgmma pipeline in ptxas 13.0).
-  const float l_lo = kNoKeys ? 0.0f : st.o[64], l_hi = kNoKeys ? 0.0f : st.o[66];
+  const float l_lo = kNoKeys ? 0.0f : st.o[kL], l_hi = kNoKeys ? 0.0f : st.o[kL + 2];
   // VC: per-channel descales, applied per column below (the V descale is then 1).
   const float dv = kVc || kNoKeys ? 1.0f : p.v_descale[c.b * p.heads + c.h];
-  const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * Cfg::kHeadDim;
+  const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * C::kHeadDim;
   // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
@@ -242,7 +250,7 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   if (r_lo < sq) {
     __nv_bfloat16* row = base + r_lo * p.out_stride_s;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < C::kOutChunks; ++j) {
       const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       store_pair(row + 8 * j + 2 * t, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
     }
@@ -250,7 +258,7 @@ __device__ __forceinline__ void store_output(const ConsumerState& st, const Kern
   if (r_hi < sq) {
     __nv_bfloat16* row = base + r_hi * p.out_stride_s;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < C::kOutChunks; ++j) {
       const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
       store_pair(row + 8 * j + 2 * t, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
     }
@@ -307,15 +315,17 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   const int row_base = 64 * wg + 16 * warp_in_wg;
   const IssueOrder<(kProbe & kPingPong) != 0> issue_order(wg);
 
-  const uint64_t desc_q = sw128_kmajor_desc(sh.q + 64 * wg * Cfg::kHeadDim);
-  RingState ring;
+  using C = ModeConfig<kMode>;
+  constexpr int kD = C::kHeadDim;
+  const uint64_t desc_q = sw_kmajor_desc<C::kRowBytes>(sh.q + 64 * wg * kD);
+  RingState<C::kStages> ring;
   int iter = 0;
   for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
     const TileWork w = tile_work<kMode>(tile, p);
     const TileCoord& c = w.c;
     const int n = w.n;
     if (kTiles && n <= 0) {
-      if (n == 0) store_output<kMode, true>(ConsumerState{}, p, w, row_base, g, t);
+      if (n == 0) store_output<kMode, true>(ConsumerState<kD>{}, p, w, row_base, g, t);
       continue;
     }
     const KeyOrder& order = w.order;
@@ -333,9 +343,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       const int k0 = blk * Cfg::kBlockN;
       return BlockMask{vis_lo - k0, vis_hi - k0, vis_first - k0 < Cfg::kBlockN};
     };
-    ConsumerState st;
+    ConsumerState<kD> st;
 #pragma unroll
-    for (int i = 0; i < 68; ++i) st.o[i] = 0.0f;
+    for (int i = 0; i < C::kAccRegs; ++i) st.o[i] = 0.0f;
     st.m_lo = st.m_hi = st.mo_lo = st.mo_hi = -INFINITY;
     // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
     // step for every block (measured: an inline guard in the steady state cost 3%).
@@ -349,7 +359,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     int blk = order(0);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
     issue_order.before();
-    issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+    issue_qk<kD>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
     issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(s);
@@ -363,7 +373,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       update_max<kCausal>(st, t_lo, t_hi, false);
       convert_step<kProbe>(st, s, a, mask, t, true, clip);
     }
-    RingState prev = ring;
+    RingState<C::kStages> prev = ring;
     ring.advance();
     bool pv_fresh = true;  // the next PV starts a new tensor-core accumulator
     // Each block's K descale is loaded one iteration ahead, so no load latency sits between the
@@ -375,9 +385,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     auto issue_block = [&](bool last) {
       TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
       issue_order.before();
-      issue_qk(desc_q, sw128_kmajor_desc(sh.k[ring.stage]), s);
+      issue_qk<kD>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
-      issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
+      issue_pv<kD>(st.p, sw_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
       issue_order.after();
       cute::warpgroup_wait<1>();
       fence_regs(s);
@@ -461,7 +471,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // The last tile's PV.
     TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
     issue_order.before();
-    issue_pv(st.p, sw128_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
+    issue_pv<kD>(st.p, sw_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
     issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(st.pv);
@@ -481,12 +491,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   SharedStorage<kMode>& sh = *reinterpret_cast<SharedStorage<kMode>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  using C = ModeConfig<kMode>;
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
     TxBarrier::init(&sh.q_full, 1);
     Barrier::init(&sh.q_empty, kConsumerWarps);
-    for (int s = 0; s < Cfg::kStages; ++s) {
+    for (int s = 0; s < C::kStages; ++s) {
       TxBarrier::init(&sh.k_full[s], 1);
       Barrier::init(&sh.k_empty[s], kConsumerWarps);
       TxBarrier::init(&sh.v_full[s], 1);
@@ -497,9 +508,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The 8 row-sum rows under every V stage, all E4M3 1.0 (0x38): every column of the extra accumulator
   // chunk is then the row sum. Uniform rows are invariant under the 128-byte swizzle, so plain stores
   // give the layout the tensor core reads.
-  for (int idx = threadIdx.x; idx < Cfg::kStages * 8 * Cfg::kBlockN / 4; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < C::kStages * 8 * Cfg::kBlockN / 4; idx += blockDim.x) {
     const int stage = idx / (8 * Cfg::kBlockN / 4), word = idx % (8 * Cfg::kBlockN / 4);
-    reinterpret_cast<uint32_t*>(sh.v[stage] + Cfg::kTileBytes)[word] = 0x38383838u;
+    reinterpret_cast<uint32_t*>(sh.v[stage] + C::kTileBytes)[word] = 0x38383838u;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();

@@ -36,16 +36,18 @@ Status get_encode_fn(EncodeTiledFn* fn) {
   return Status::Ok();
 }
 
-// FP8 tile map with 128-byte swizzle; dims innermost first, strides in bytes for dims 1.. .
+// FP8 tile map whose swizzle is as wide as the box's rows (128 or 64 bytes: the kernel's wgmma
+// layouts, gmma.cuh); dims innermost first, strides in bytes for dims 1.. .
 template <int Rank>
 Status make_fp8_map(CUtensorMap* map, const void* base, const cuuint64_t (&dims)[Rank],
                     const cuuint64_t (&strides)[Rank - 1], const cuuint32_t (&box)[Rank], const char* what) {
+  const CUtensorMapSwizzle swizzle = box[0] == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   EncodeTiledFn encode;
   OPENVC_RETURN_IF_ERROR(get_encode_fn(&encode));
   cuuint32_t elem_strides[Rank];
   for (int i = 0; i < Rank; ++i) elem_strides[i] = 1;
   CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, Rank, const_cast<void*>(base), dims, strides, box,
-                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return Status::Invalid(std::string(what) + ": cannot build a TMA descriptor (CUresult " + std::to_string(int(r)) +
@@ -109,8 +111,10 @@ Status validate_form(const AttentionParams& p, bool vc) {
 Status validate(const AttentionParams& p, bool vc) {
   const Fp8Inputs& in = p.in;
   OPENVC_RETURN_IF_ERROR(validate_form(p, vc));
-  if (in.head_dim != KernelConfig::kHeadDim)
-    return Status::Invalid("in.head_dim: the sm_90a kernel takes 128, got " + str(in.head_dim));
+  if (in.head_dim != 128 && in.head_dim != 64)
+    return Status::Invalid("in.head_dim: the sm_90a kernel takes 128 or 64, got " + str(in.head_dim));
+  if (in.head_dim == 64 && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") + " take head_dim 128 only, got 64");
   const auto ptrs = call_pointers(p);
   for (const auto& x : ptrs)
     if (x.ptr == nullptr) return Status::Invalid(std::string(x.name) + " must not be null");
@@ -187,7 +191,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
 
   const Shape sh = shape_of(params);
   const bool varlen = sh.packed || params.seqused_k != nullptr;
-  const int64_t d = KernelConfig::kHeadDim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
+  const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * KernelConfig::kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
   // varlen mode index them flat; a zero-row map cannot be built, and nothing reads it then).
@@ -197,21 +201,21 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   if (varlen) {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
-                                           {KernelConfig::kHeadDim, KernelConfig::kBlockM, 1}, "in.q_codes"));
+                                           {cuuint32_t(d), KernelConfig::kBlockM, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
-                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1}, "in.k_codes"));
+                                           {cuuint32_t(d), KernelConfig::kBlockN, 1}, "in.k_codes"));
   } else {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
-                                           {KernelConfig::kHeadDim, KernelConfig::kBlockM, 1, 1}, "in.q_codes"));
+                                           {cuuint32_t(d), KernelConfig::kBlockM, 1, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sk * h * d)},
-                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1, 1}, "in.k_codes"));
+                                           {cuuint32_t(d), KernelConfig::kBlockN, 1, 1}, "in.k_codes"));
   }
   OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_v, in.v_packed, {cuuint64_t(sk_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
                                          {cuuint64_t(sk_pad), cuuint64_t(d * sk_pad)},
-                                         {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "in.v_packed"));
+                                         {KernelConfig::kBlockN, cuuint32_t(d), 1}, "in.v_packed"));
 
   // Repair maps over [B, H, R, D] key copies and [B*H, D, R] residual V; without repair the plain
   // maps stand in (never read).
@@ -222,10 +226,10 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   if (rep.rows > 0) {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_krep, rep.k_codes, {cuuint64_t(d), cuuint64_t(r_pad), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(d), cuuint64_t(r_pad * d), cuuint64_t(h * r_pad * d)},
-                                           {KernelConfig::kHeadDim, KernelConfig::kBlockN, 1, 1}, "repair.k_codes"));
+                                           {cuuint32_t(d), KernelConfig::kBlockN, 1, 1}, "repair.k_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_vrep, rep.v_packed, {cuuint64_t(r_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
                                            {cuuint64_t(r_pad), cuuint64_t(d * r_pad)},
-                                           {KernelConfig::kBlockN, KernelConfig::kHeadDim, 1}, "repair.v_packed"));
+                                           {KernelConfig::kBlockN, cuuint32_t(d), 1}, "repair.v_packed"));
   }
 
   KernelParams& kp = pl.kp;
@@ -270,7 +274,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
 
   pl.mode = vc ? kVcMode
            : rep.rows > 0 ? kRepairMode
-           : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode);
+           : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode) |
+                 (d == 64 ? kHeadDim64Mode : kPlainMode);
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);
@@ -287,6 +292,11 @@ Status launch_plan(const LaunchPlan& plan, cudaStream_t stream) {
     case kCausalMode: return launch_mode<kCausalMode>(plan, stream);
     case kVarlenMode: return launch_mode<kVarlenMode>(plan, stream);
     case kVarlenMode | kCausalMode: return launch_mode<kVarlenMode | kCausalMode>(plan, stream);
+    case kHeadDim64Mode: return launch_mode<kHeadDim64Mode>(plan, stream);
+    case kHeadDim64Mode | kCausalMode: return launch_mode<kHeadDim64Mode | kCausalMode>(plan, stream);
+    case kHeadDim64Mode | kVarlenMode: return launch_mode<kHeadDim64Mode | kVarlenMode>(plan, stream);
+    case kHeadDim64Mode | kVarlenMode | kCausalMode:
+      return launch_mode<kHeadDim64Mode | kVarlenMode | kCausalMode>(plan, stream);
     default: return Status::Unsupported("attention_fp8: no kernel for mode " + str(plan.mode));
   }
 }

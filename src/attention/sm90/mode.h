@@ -4,6 +4,8 @@
 // (probes.h) and never built into the library.
 #pragma once
 
+#include "attention/sm90/config.h"
+
 namespace openvc::sm90 {
 
 enum Mode : int {
@@ -20,11 +22,18 @@ enum Mode : int {
   // Per-sequence lengths read on the device: packed sequences (cu_seqlens_q/k) and/or per-sequence key
   // counts (seqused_k, key padding masks); offsets are clamped to the tensors.
   kVarlenMode = 8,
+  // Head dim 64 (LTX-Video): the same tiles and arithmetic with half-width Q/K rows (64-byte swizzle)
+  // and a 64 x 72 PV accumulator; combines with causal and varlen (not with repair or VC).
+  kHeadDim64Mode = 16,
 };
 
 template <int kMode>
 inline constexpr bool has_mode(Mode m) {
   return (kMode & m) != 0;
 }
+
+// The tile configuration of a mode.
+template <int kMode>
+using ModeConfig = TileConfig<has_mode<kMode>(kHeadDim64Mode) ? 64 : 128>;
 
 }  // namespace openvc::sm90

@@ -17,9 +17,12 @@ using Cfg = KernelConfig;
 // Per-thread view of the 64-row accumulator fragment: lane 4g+t holds rows g and g+8 of its warp's
 // 16 rows; in every 8-column chunk j, columns 8j+2t and 8j+2t+1 (indices 4j..4j+3: lo row pair,
 // hi row pair).
+template <int kD>
 struct ConsumerState {
-  float o[68];       // [O | l] in FP32: o[64..65] = l of row g, o[66..67] = l of row g+8
-  float pv[68];      // the current tile's P [V | 1] from the tensor cores
+  static constexpr int kHeadDim = kD;
+  static constexpr int kAcc = TileConfig<kD>::kAccRegs;
+  float o[kAcc];     // [O | l] in FP32: o[D/2..D/2+1] = l of row g, o[D/2+2..D/2+3] = l of row g+8
+  float pv[kAcc];    // the current tile's P [V | 1] from the tensor cores
   uint32_t p[16];    // ExpCast codes of the previous tile, in PV A-operand order
   float m_lo, m_hi;    // running maxima in scaled code units (2^-24 M): the codes' reference
   float mo_lo, mo_hi;  // the max O and l are stored relative to (lags m: rebased only on big growth)
@@ -69,10 +72,11 @@ __device__ __forceinline__ float shrink_exp2(float gap_log2) {
 }
 
 // Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
-// with beta = 2^((m - mo)/8) <= 2^8. kChunks 17: O and l; 16: O only (repair tiles add to the
-// numerator only, numerics section 6, so l stays the denominator of the original keys).
-template <int kChunks = 17, bool kGuard = false>
-__device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
+// with beta = 2^((m - mo)/8) <= 2^8. kNumeratorOnly: O only, not l (repair tiles add to the numerator
+// only, numerics section 6, so l stays the denominator of the original keys).
+template <bool kNumeratorOnly = false, bool kGuard = false, int kD>
+__device__ __forceinline__ void accumulate_tile(ConsumerState<kD>& st) {
+  constexpr int kChunks = kD / 8 + (kNumeratorOnly ? 0 : 1);
   const float beta_lo = growth_exp2<kGuard>((st.m_lo - st.mo_lo) * kMaxToLog2);
   const float beta_hi = growth_exp2<kGuard>((st.m_hi - st.mo_hi) * kMaxToLog2);
 #pragma unroll
@@ -83,11 +87,13 @@ __device__ __forceinline__ void accumulate_tile(ConsumerState& st) {
     st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
   }
 }
-__device__ __forceinline__ void accumulate_numerator(ConsumerState& st) { accumulate_tile<16>(st); }
+template <int kD>
+__device__ __forceinline__ void accumulate_numerator(ConsumerState<kD>& st) { accumulate_tile<true>(st); }
 
 // VC mode (numerics section 7): the tile's block mean comes back through its probability row sum,
 // O += beta (P Vres + l_tile mu / dv) with mu / dv from shared memory (the same stage as the V tile).
-__device__ __forceinline__ void accumulate_tile_vc(ConsumerState& st, const float* mean, int t) {
+// Head dim 128 only (the VC mode is not built for 64).
+__device__ __forceinline__ void accumulate_tile_vc(ConsumerState<128>& st, const float* mean, int t) {
   const float beta_lo = fast_exp2((st.m_lo - st.mo_lo) * kMaxToLog2);
   const float beta_hi = fast_exp2((st.m_hi - st.mo_hi) * kMaxToLog2);
   const float l_lo = st.pv[64], l_hi = st.pv[66];
@@ -118,10 +124,10 @@ __device__ __forceinline__ void scale_rows(float (&x)[N], float lo, float hi) {
 // O and l need not follow m at once: they stay at a lagging max mo, and each PV product is brought to
 // that scale when it is added (beta), which is exact arithmetic for the same result as rescaling O
 // and l at every increase (numerics section 4). O is rebased only when m runs 2^8 ahead of mo, so
-// most increases cost two exponentials instead of 136 multiplies. A tensor-core partial that is not
+// most increases cost two exponentials instead of D + 8 multiplies. A tensor-core partial that is not
 // flushed yet holds products at the old m and is rescaled (rescale_pv).
-template <bool kGuard>
-__device__ __forceinline__ void update_max(ConsumerState& st, float tile_lo, float tile_hi, bool rescale_pv) {
+template <bool kGuard, int kD>
+__device__ __forceinline__ void update_max(ConsumerState<kD>& st, float tile_lo, float tile_hi, bool rescale_pv) {
   const float new_lo = fmaxf(st.m_lo, tile_lo);
   const float new_hi = fmaxf(st.m_hi, tile_hi);
   const bool grew = new_lo > st.m_lo || new_hi > st.m_hi;
@@ -210,8 +216,8 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], float a, const Bl
 // clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
 // (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
 // Such tiles send every block through the general step, so the steady-state loop has no trace of it.
-template <int kProbe, bool kMaybePartial = true>
-__device__ __forceinline__ void convert_step(ConsumerState& st, const float (&s)[64], float a, const BlockMask& mask,
+template <int kProbe, bool kMaybePartial = true, int kD>
+__device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], float a, const BlockMask& mask,
                                              int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);

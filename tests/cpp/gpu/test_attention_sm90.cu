@@ -340,7 +340,7 @@ TEST(Sm90Attention, RejectsBadArguments) {
   openvc::Status st = openvc::attention_fp8(p, nullptr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("batch"), std::string::npos) << st.message();
-  p.in = {1, 128, 128, 1, 64, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  p.in = {1, 128, 128, 1, 96, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};   // 128 or 64 only
   st = openvc::attention_fp8(p, nullptr);
   EXPECT_NE(st.message().find("head_dim"), std::string::npos) << st.message();
   // Unset (zero) output strides are rejected before anything touches the device.

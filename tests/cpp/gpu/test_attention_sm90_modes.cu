@@ -93,6 +93,36 @@ TEST(Sm90Modes, KeyCountsPerBatchEntry) {
   run_case(g);
 }
 
+// Head dim 64 (kHeadDim64Mode): the same tiles and order with half-width rows, in every form the fast
+// path takes: dense (one block, partial blocks, several flush periods), causal self and cross, packed
+// uneven and empty sequences, key counts with NaN codes in the unused keys.
+Case d64(Case c) {
+  c.head_dim = 64;
+  c.path = kFast;
+  return c;
+}
+
+TEST(Sm90Modes, HeadDim64) {
+  SKIP_WITHOUT_SM90();
+  run_case(d64(batched(1, 1, 1, 1, 64, false, 4, false, kFast)));
+  run_case(d64(batched(2, 300, 700, 3, 64, false, 4, true, kFast)));
+  run_case(d64(batched(1, 1000, 1000, 2, 64, false, ref::kNaturalOrder, false, kFast)));
+  run_case(d64(batched(1, 2000, 1500, 2, 64, false, 4, true, kFast)));
+  run_case(d64(batched(1, 1000, 1000, 2, 64, true, 4, true, kFast)));
+  run_case(d64(batched(2, 300, 1000, 1, 64, true, 4, false, kFast)));
+  run_case(d64(batched(1, 1000, 300, 1, 64, true, ref::kNaturalOrder, false, kFast)));
+  run_case(d64(packed({1, 300, 1000}, {1000, 300, 1}, 2, false, 4, true)));
+  run_case(d64(packed({5, 0, 200, 130}, {0, 100, 130, 300}, 2, false, 4, false)));
+  run_case(d64(packed({1000, 1, 300}, {1000, 1, 700}, 1, true, 4, true)));
+  Case counts = d64(batched(3, 700, 0, 2, 64, false, 4, true, kFast));
+  counts.lens_k = {1000, 517, 1};
+  counts.slot_k = 1000;
+  run_case(counts);
+  counts.causal = true;
+  counts.lens_k = {0, 128, 999};
+  run_case(counts);
+}
+
 TEST(Sm90Modes, HugeScoreSpreadsStayFinite) {
   SKIP_WITHOUT_SM90();
   // q and k around 1e4 (scores ~1e9 nats), and a softmax scale of 1e7: the addend 119.65 - M loses
