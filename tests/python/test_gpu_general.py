@@ -68,8 +68,10 @@ def packed_lse(lse_ref, cu_q, h):
 def expect_matches_reference(out, lse, want, want_lse, fast=False):
     """The general path against the reference on the same inputs: same arithmetic up to the FP32
     numerator, so BF16 outputs equal the reference's rounded ones except for rare one-step moves.
-    fast: the output came from the sm_90a fast path (head_dim 128), whose FP8 tensor-core QK^T moves a
-    few codes across a rounding boundary: the kernel tolerances of the C++ tests."""
+    fast: the output came from the sm_90a fast path, whose FP8 tensor-core QK^T moves a few codes across a
+    rounding boundary: the kernel tolerances of the C++ tests, with the single-value bound at 6% of the
+    largest output (one code step, 12.5% of a dominant probability, measured up to 4.8% at head_dim 64,
+    whose larger softmax scale makes rows sharper)."""
     got = out.float().cpu().numpy()
     want_bf16 = ref.to_bfloat16_values(want)
     assert np.isfinite(got).all()
@@ -77,7 +79,7 @@ def expect_matches_reference(out, lse, want, want_lse, fast=False):
     differ = float(np.mean(got != want_bf16))
     if fast:
         assert err <= 5e-3, f"rel L2 {err:.2e}"
-        assert np.abs(got - want_bf16).max() <= 0.04 * np.abs(want_bf16).max() + 1e-3
+        assert np.abs(got - want_bf16).max() <= 0.06 * np.abs(want_bf16).max() + 1e-3
     else:
         assert err <= 1e-3 and differ <= 0.01, f"rel L2 {err:.2e}, {differ:.2%} of BF16 values differ"
         assert np.abs(got - want_bf16).max() <= np.abs(want_bf16).max() / 128 + 1e-6

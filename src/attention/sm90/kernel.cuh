@@ -133,6 +133,46 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p) {
   return w;
 }
 
+// The consumers' copy of a tile's work with every field made visibly warp-uniform. The varlen fields come
+// from loads (offsets, key counts), which ptxas cannot prove equal across the warp: loop bounds derived
+// from them made it treat the whole consumer loop as divergent (R2UR moves, WARPSYNC). redux.sync writes
+// a uniform register, so its result is known uniform. Consumer warps only (the producer is one thread).
+template <int kMode>
+__device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelParams& p) {
+  TileWork w = tile_work<kMode>(tile, p);
+  if constexpr (has_mode<kMode>(kVarlenMode)) {
+    constexpr unsigned kAll = 0xffffffffu;
+    w.q_row = __reduce_max_sync(kAll, w.q_row);
+    w.k_row0 = __reduce_max_sync(kAll, w.k_row0);
+    w.sq = __reduce_max_sync(kAll, w.sq);
+    w.sk = __reduce_max_sync(kAll, w.sk);
+    w.q_out0 = __reduce_max_sync(kAll, w.q_out0);
+    w.n = __reduce_max_sync(kAll, w.n);
+    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
+  }
+  return w;
+}
+
+// The consumers' tiles: this CTA's tiles that have keys to visit. A tile without keys or query rows is
+// skipped here, before the body, not by a branch inside it: with the branch ptxas treated the whole
+// consumer loop as divergent (WARPSYNC before every wgmma issue, 4x the R2UR moves; packed sequences ran
+// 9% below the same tiles batched). Key-less tiles get their zeros after the main loop.
+template <int kMode>
+__device__ __forceinline__ int next_work(int tile, const KernelParams& p) {
+  do tile = next_tile<kMode>(tile, p);
+  while ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < p.num_tiles &&
+         uniform_tile_work<kMode>(tile, p).n <= 0);
+  return tile;
+}
+template <int kMode>
+__device__ __forceinline__ int first_work(const KernelParams& p) {
+  const int tile = blockIdx.x;
+  if ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < p.num_tiles &&
+      uniform_tile_work<kMode>(tile, p).n <= 0)
+    return next_work<kMode>(tile, p);
+  return tile;
+}
+
 // Ring position shared by the producer and both consumers: every key block takes one stage.
 template <int kStages>
 struct RingState {
@@ -320,14 +360,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   const uint64_t desc_q = sw_kmajor_desc<C::kRowBytes>(sh.q + 64 * wg * kD);
   RingState<C::kStages> ring;
   int iter = 0;
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
-    const TileWork w = tile_work<kMode>(tile, p);
+  for (int tile = first_work<kMode>(p); tile < p.num_tiles; tile = next_work<kMode>(tile, p)) {
+    const TileWork w = uniform_tile_work<kMode>(tile, p);
     const TileCoord& c = w.c;
     const int n = w.n;
-    if (kTiles && n <= 0) {
-      if (n == 0) store_output<kMode, true>(ConsumerState<kD>{}, p, w, row_base, g, t);
-      continue;
-    }
     const KeyOrder& order = w.order;
     const float qscale = p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
     const float* kd = p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
@@ -480,6 +516,12 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     else flush_partial<kMode>(st, sh, prev.stage, t);
     if constexpr (kVc) release(&sh.v_empty[prev.stage]);
     store_output<kMode>(st, p, w, row_base, g, t);
+  }
+  // Tiles whose rows see no key (causal with Sq > Sk, empty key sequences): output 0, lse -inf. After the
+  // main loop, so that their branches stay out of it (next_work).
+  for (int tile = blockIdx.x; kTiles && tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
+    const TileWork w = uniform_tile_work<kMode>(tile, p);
+    if (w.n == 0) store_output<kMode, true>(ConsumerState<kD>{}, p, w, row_base, g, t);
   }
 }
 
