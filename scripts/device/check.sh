@@ -265,7 +265,7 @@ step_diffusers_e2e() {
   step_install || return 1
   site_wheels diffusers-e2e || return 1
   (export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-   cd /tmp && timeout 480 "$PY" "$REPO/scripts/device/diffusers_e2e.py" --json "$OUT/diffusers_e2e.json" \
+   cd /tmp && timeout 360 "$PY" "$REPO/scripts/device/diffusers_e2e.py" --json "$OUT/diffusers_e2e.json" \
      ${DIFFUSERS_E2E_ARGS:-} >> "$OUT/diffusers-e2e.log" 2>&1
    r=$?; grep -vE "^\s*$" "$OUT/diffusers-e2e.log" | tail -40; exit $r)
 }
