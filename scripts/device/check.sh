@@ -31,6 +31,10 @@
 #   vc-cost           the VC baseline's stage costs at S = 73,397, H = 56 (baselines.benchmark_vc).
 #   integrations      diffusers and SGLang: the carried .whl/*.whl (diffusers, sglang, pyzmq) into /tmp/site,
 #                     the integration tests and the four examples.
+#   diffusers-e2e     scripts/device/diffusers_e2e.py with the carried .whl/ (diffusers): HunyuanVideo, LTX-Video
+#                     and Motif-Video transformer forwards at real widths and token counts, native SDPA vs
+#                     openvc, calls by path; $OUT/diffusers_e2e.json ($DIFFUSERS_E2E_ARGS appended, e.g.
+#                     "--models ltx --policy-head-dims 64,128"; ~2 min, < 40 GiB).
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
@@ -229,11 +233,16 @@ json.dump(r, open(os.path.join(os.environ.get("OUT", "/tmp/out"), "vc_cost.json"
 PY
 }
 
+# The carried framework wheels (.whl/*.whl) into /tmp/site, which the integration steps put on PYTHONPATH.
+site_wheels() {  # site_wheels STEP
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$REPO"/.whl/*.whl >> "$OUT/$1.log" 2>&1 || { echo "$1: carry .whl/"; tail -20 "$OUT/$1.log"; return 1; }
+}
+
 step_integrations() {
   step_install || return 1
   local rc=0
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "$REPO"/.whl/*.whl >> "$OUT/integrations.log" 2>&1 || { echo "integrations: carry .whl/"; tail -20 "$OUT/integrations.log"; return 1; }
+  site_wheels integrations || return 1
   (export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
    cd /tmp && "$PY" -c "import open_vc_attn, diffusers, torch; print('open_vc_attn', open_vc_attn.__file__,
 '| diffusers', diffusers.__version__, '| torch', torch.__version__)" 2>&1 | tee -a "$OUT/integrations.log"
@@ -252,6 +261,15 @@ step_integrations() {
    exit $rc)
 }
 
+step_diffusers_e2e() {
+  step_install || return 1
+  site_wheels diffusers-e2e || return 1
+  (export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+   cd /tmp && timeout 360 "$PY" "$REPO/scripts/device/diffusers_e2e.py" --json "$OUT/diffusers_e2e.json" \
+     ${DIFFUSERS_E2E_ARGS:-} >> "$OUT/diffusers-e2e.log" 2>&1
+   r=$?; grep -vE "^\s*$" "$OUT/diffusers-e2e.log" | tail -40; exit $r)
+}
+
 step_ulysses() {
   step_install || return 1
   local n
@@ -267,7 +285,7 @@ STEPS=()
 while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
-PY_STEPS=" install pytest smoke repair-eval vc-cost integrations ulysses "
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e ulysses "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 for s in "${STEPS[@]}"; do
   case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||

@@ -37,6 +37,14 @@ class FakeTensor:
     def storage_offset(self):
         return self._offset
 
+    def is_contiguous(self):
+        return self._strides == FakeTensor(self.shape)._strides
+
+    def unsqueeze(self, dim):
+        assert dim == 0
+        return FakeTensor((1,) + self.shape, self.dtype, (self.shape[0] * self._strides[0],) + self._strides,
+                          self._offset, self.device, self.requires_grad)
+
 
 def qkv(b=1, sq=2048, sk=None, h=12, d=128, hk=None, **kw):
     sk = sq if sk is None else sk
@@ -135,3 +143,53 @@ def test_policy_arguments():
     for bad in ((), (96,), (128, 256)):
         with pytest.raises(ValueError, match="^head_dims"):
             policy.DispatchPolicy(head_dims=bad)
+
+
+# ---- packed sequences (choose_varlen_path) ------------------------------------------------------------------
+
+def packed(total=6000, h=12, d=128, n=3, **kw):
+    """q, k, v [total, H, D] and one int32 offsets tensor [n + 1] (shared by queries and keys)."""
+    cu = FakeTensor((n + 1,), "torch.int32", device=kw.get("device", CUDA0))
+    return FakeTensor((total, h, d), **kw), FakeTensor((total, h, d), **kw), FakeTensor((total, h, d), **kw), cu
+
+
+def test_packed_long_sequences_take_openvc():
+    q, k, v, cu = packed()
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048) == (policy.OPENVC, "")
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 1024, 1024, causal=True) == (policy.OPENVC, "")
+    # the thresholds are per sequence (max_seqlen), not on the packed total
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 1023, 1023) == \
+        (policy.FALLBACK, "short sequences (max_seqlen_q 1023 < 1024)")
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 512) == \
+        (policy.FALLBACK, "few keys per sequence (max_seqlen_k 512 < 1024)")
+    small = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64)
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 100, 100, policy=small) == (policy.OPENVC, "")
+
+
+def test_packed_calls_fall_back_with_the_reason():
+    q, k, v, cu = packed()
+    other = FakeTensor((4,), "torch.int32")
+    cases = [
+        ((FakeTensor((1, 6000, 12, 128)), k, v, cu, cu, 2048, 2048), {}, "rank: expected packed [T, H, D] tensors"),
+        ((q, k, v, FakeTensor((4,), "torch.int64"), cu, 2048, 2048), {}, "cu_seqlens_q: dtype torch.int64"),
+        ((q, k, v, cu, FakeTensor((4, 1), "torch.int32"), 2048, 2048), {}, "cu_seqlens_k: expected 1-D offsets"),
+        ((q, k, v, FakeTensor((8,), "torch.int32", strides=(2,)), cu, 2048, 2048), {}, "cu_seqlens_q: dtype"),
+        ((q, k, v, cu, FakeTensor((4,), "torch.int32", device=Device("cuda", 1)), 2048, 2048), {},
+         "cu_seqlens_k device"),
+        ((q, k, v, cu, FakeTensor((5,), "torch.int32"), 2048, 2048), {}, "cu_seqlens_q and cu_seqlens_k count"),
+        ((q, k, v, cu, cu, None, 2048), {}, "max_seqlen_q None (takes a Python int >= 1)"),
+        ((q, k, v, cu, cu, 2048, True), {}, "max_seqlen_k True"),
+        ((q, k, v, cu, other, 2048, 2048), dict(causal=True), "causal with separate query and key offsets"),
+        ((q, k, v, cu, cu, 2048, 2048), dict(dropout_p=0.1), "dropout"),
+        (packed(d=96)[:3] + (cu, cu, 2048, 2048), {}, "head_dim 96"),
+        (packed(dtype="torch.float32")[:3] + (cu, cu, 2048, 2048), {}, "dtype"),
+        (packed(device=Device("cpu", None)), {}, None),
+    ]
+    for args, kw, prefix in cases:
+        if prefix is None:                        # CPU tensors (their offsets too): the device rule
+            q2, k2, v2, cu2 = args
+            args, prefix = (q2, k2, v2, cu2, cu2, 2048, 2048), "device"
+        path, why = policy.choose_varlen_path(*args, **kw)
+        assert path == policy.FALLBACK and why.startswith(prefix), (prefix, why)
+    # separate offsets without causal are fine (cross-attention between packed sequences)
+    assert policy.choose_varlen_path(q, k, v, cu, other, 2048, 2048) == (policy.OPENVC, "")

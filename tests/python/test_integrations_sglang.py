@@ -15,6 +15,7 @@ nvidia-ml-py). Skips when sglang or torch is not installed.
 - Marked `gpu`: the impl against open_vc_attn.attention (bit for bit, LSE too) and SDPAImpl.
 On an H200 (sglang and pyzmq carried as wheels): python3 -m pytest -q -rs tests/python/test_integrations_sglang.py
 """
+import collections
 import importlib
 import importlib.util
 import inspect
@@ -83,15 +84,23 @@ def fast_path(sgl, monkeypatch):
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     calls = []
 
-    def fast(q, k, v, scale, return_lse):
-        calls.append(tuple(q.shape))
+    def fast(q, k, v, scale, return_lse, causal=False):
+        calls.append(tuple(q.shape) if not causal else (tuple(q.shape), "causal"))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
-                            return_lse=return_lse)
+                            return_lse=return_lse, causal=causal)
         out, lse = res if return_lse else (res, None)
         out = torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16)
         return (out, torch.from_numpy(np.ascontiguousarray(lse)).float()) if return_lse else out
 
+    def fast_varlen(q, k, v, cu_seqlens, max_seqlen, scale, causal):
+        calls.append(("packed", tuple(q.shape), tuple(cu_seqlens.tolist()), max_seqlen, causal))
+        cu = cu_seqlens.numpy()
+        out = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
+                            causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        return torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16)
+
     monkeypatch.setattr(sgl.mod, "_fast_attention", fast)
+    monkeypatch.setattr(sgl.mod, "_fast_varlen_attention", fast_varlen)
     sgl.mod.reset_stats()
     return calls
 
@@ -159,11 +168,13 @@ def test_routing(torch, sgl, fast_path):
     out, lse = make_impl(sgl).forward(q, k, v, None, return_softmax_lse=True)
     assert lse.shape == (1, 2, 1024) and lse.dtype == torch.float32
     make_impl(sgl).forward(q, kt, vt, None)                                     # text cross-attention
-    make_impl(sgl, causal=True).forward(q, k, v, None)                          # causal (text encoders)
+    make_impl(sgl, causal=True).forward(q, k, v, None)                          # causal self-attention
+    assert fast_path[-1] == ((1, 1024, 2, 128), "causal")                      # ... runs causal on openvc
     make_impl(sgl, heads=2, kv_heads=1).forward(q, k[:, :, :1], v[:, :, :1], None)   # GQA
     make_impl(sgl, head_size=64).forward(q[..., :64], k[..., :64], v[..., :64], None)
-    assert sgl.mod.stats() == {("openvc", ""): 4, ("fallback", "few keys (512 < 1024)"): 1,
-                               ("fallback", "causal"): 1, ("fallback", "gqa (unequal head counts)"): 1}
+    # openvc: the self-attention call, FP16, LSE, causal self-attention and head dim 64
+    assert sgl.mod.stats() == {("openvc", ""): 5, ("fallback", "few keys (512 < 1024)"): 1,
+                               ("fallback", "gqa (unequal head counts)"): 1}
     with pytest.raises(NotImplementedError, match="return_softmax_lse"):
         make_impl(sgl).forward(q, kt, vt, None, return_softmax_lse=True)
     from open_vc_attn.integrations.policy import DispatchPolicy
@@ -171,6 +182,68 @@ def test_routing(torch, sgl, fast_path):
                                         openvc_policy=DispatchPolicy(min_query_tokens=64, min_key_tokens=64))
     small.forward(q[:, :100], kt, vt, None)
     assert fast_path[-1] == (1, 100, 2, 128)
+
+
+# ---- packed sequences (forward_varlen) --------------------------------------------------------------------------
+
+def packed_inputs(torch, lens, h=2, d=128, extra_rows=0, dtype=None):
+    total = sum(lens) + extra_rows
+    q, k, v = (rand(torch, total, h, d, dtype=dtype, seed=10 + s) for s in range(3))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    return q, k, v, cu
+
+
+def test_forward_varlen_takes_the_packed_path(torch, sgl, fast_path):
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    small = DispatchPolicy(min_query_tokens=64, min_key_tokens=64)
+    lens = [100, 300, 129]
+    q, k, v, cu = packed_inputs(torch, lens)
+    for causal in (False, True):
+        impl = make_impl(sgl, causal=causal, openvc_policy=small)
+        out = impl.forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=300)
+        # one packed call with the shared offsets; no host offsets were needed
+        assert fast_path[-1] == ("packed", (529, 2, 128), (0, 100, 400, 529), 300, causal)
+        assert out.shape == q.shape and out.dtype == torch.bfloat16
+        # each sequence is quantized and attended alone: the packed call equals the per-sequence calls bit for bit
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            alone = impl.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0]
+            assert torch.equal(out[s:e], alone), (s, e)
+    out16 = make_impl(sgl, openvc_policy=small).forward_varlen(q.half(), k.half(), v.half(), cu_seqlens=cu,
+                                                               max_seqlen=300)
+    assert out16.dtype == torch.float16
+    assert sgl.mod.stats()[("openvc", "")] == 2 + 2 * 3 + 1
+
+
+def test_forward_varlen_falls_back_per_sequence(torch, sgl, fast_path):
+    lens = [100, 0, 300, 129]
+    q, k, v, cu = packed_inputs(torch, lens, extra_rows=7)   # rows past cu[-1]: no sequence
+    impl, sdpa = make_impl(sgl), sgl.sdpa.SDPAImpl(num_heads=2, head_size=128, causal=False,
+                                                    softmax_scale=128 ** -0.5)
+    bounds = tuple(cu.tolist())
+    for host in (bounds, None):
+        out = impl.forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=300, cu_seqlens_host=host)
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if e > s:
+                assert torch.equal(out[s:e], sdpa.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0])
+        assert torch.all(out[bounds[-1]:] == 0)
+    assert fast_path == []
+    assert sgl.mod.stats() == {("fallback", "short sequences (max_seqlen_q 300 < 1024)"): 2}
+
+
+def test_forward_varlen_uses_sglangs_own_varlen_where_present(torch, sgl, fast_path):
+    # later SGLang releases give SDPAImpl a forward_varlen (one packed FlashAttention call): the fallback uses it
+    seen = []
+
+    class LaterSDPA:
+        def forward_varlen(self, query, key, value, *, cu_seqlens, max_seqlen, cu_seqlens_host=None):
+            seen.append((tuple(query.shape), max_seqlen, cu_seqlens_host))
+            return torch.ones_like(query)
+
+    q, k, v, cu = packed_inputs(torch, [100, 300])
+    impl = make_impl(sgl)
+    impl.fallback = LaterSDPA()
+    out = impl.forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=300, cu_seqlens_host=(0, 100, 400))
+    assert seen == [((400, 2, 128), 300, (0, 100, 400))] and torch.all(out == 1)
 
 
 # ---- selection ------------------------------------------------------------------------------------------------
@@ -279,6 +352,39 @@ def test_gpu_impl_matches_openvc(torch, sgl):
     native = sdpa.forward(q, k, v, None)
     err = float((out.double() - native.double()).norm() / native.double().norm())
     assert err < 0.08, err
+
+
+@pytest.mark.gpu
+def test_gpu_forward_varlen_matches_per_sequence_calls(torch, sgl):
+    import open_vc_attn
+    lens = [1500, 4096, 0, 2100, 1, 1030]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), 12, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    sdpa = sgl.sdpa.SDPAImpl(num_heads=12, head_size=128, causal=False, softmax_scale=128 ** -0.5)
+    for causal in (False, True):
+        sgl.mod.reset_stats()
+        out = make_impl(sgl, heads=12, causal=causal).forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=max(lens))
+        assert sgl.mod.stats() == {("openvc", ""): 1}
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if e == s:
+                continue
+            # openvc's call on the sequence alone: the same quantization groups, tiles and order, the same bits
+            alone = open_vc_attn.attention(q[None, s:e], k[None, s:e], v[None, s:e], softmax_scale=128 ** -0.5,
+                                           causal=causal)[0]
+            assert torch.equal(out[s:e], alone), (causal, s, e)
+            if not causal and e - s > 1:
+                native = sdpa.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0]
+                err = float((out[s:e].double() - native.double()).norm() / native.double().norm())
+                assert err < 0.08, (s, e, err)
+    # short windows (a vision encoder's): SGLang's SDPA per sequence, bit for bit
+    short = torch.tensor([0, 256, 256, 700], dtype=torch.int32, device="cuda")
+    sgl.mod.reset_stats()
+    out = make_impl(sgl, heads=12).forward_varlen(q[:700], k[:700], v[:700], cu_seqlens=short, max_seqlen=444)
+    assert sgl.mod.stats() == {("fallback", "short sequences (max_seqlen_q 444 < 1024)"): 1}
+    for s, e in ((0, 256), (256, 700)):
+        assert torch.equal(out[s:e], sdpa.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0])
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_path"]
+__all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path"]
 
 OPENVC = "openvc"
 FALLBACK = "fallback"
@@ -143,3 +143,51 @@ def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=
     if reason:
         return FALLBACK, reason
     return OPENVC, ""
+
+
+def _offsets_reason(name, cu, q):
+    if cu is None or cu.dim() != 1 or cu.shape[0] < 2:
+        return f"{name}: expected 1-D offsets [N + 1]"
+    if str(cu.dtype) != "torch.int32" or not cu.is_contiguous():
+        return f"{name}: dtype {cu.dtype} or strides (takes contiguous int32)"
+    if cu.device != q.device:
+        return f"{name} device"
+    return None
+
+
+def choose_varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                       dropout_p=0.0, policy=None):
+    """:func:`choose_path` for packed sequences: ``(OPENVC, "")`` when :func:`open_vc_attn.attention` with
+    ``cu_seqlens_q/k, max_seqlen_q/k`` (and ``causal``) computes the call, else ``(FALLBACK, reason)``.
+
+    q: [total_q, H, D], k and v: [total_k, Hk, D]; cu_seqlens_q/k: int32 offsets [N + 1] on q's device;
+    max_seqlen_q/k: Python ints, the longest sequence (or an upper bound). The token thresholds apply per
+    sequence, to max_seqlen_q / max_seqlen_k (the offsets are never read: no synchronization), so packed
+    short windows (vision encoders, windowed attention) stay on the framework. Causal is taken only when
+    queries and keys share one offsets tensor (self-attention: equal lengths per sequence, where the
+    framework's top-left causal mask is openvc's end-aligned one). The rest is :func:`choose_path`'s.
+    """
+    policy = DEFAULT_POLICY if policy is None else policy
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return FALLBACK, "rank: expected packed [T, H, D] tensors"
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        reason = _offsets_reason(name, cu, q)
+        if reason:
+            return FALLBACK, reason
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        return FALLBACK, "cu_seqlens_q and cu_seqlens_k count different sequences"
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < 2 ** 31:
+            return FALLBACK, f"{name} {m!r} (takes a Python int >= 1)"
+    if causal and cu_seqlens_q is not cu_seqlens_k:
+        return FALLBACK, "causal with separate query and key offsets"
+    if max_seqlen_q < policy.min_query_tokens:
+        return FALLBACK, f"short sequences (max_seqlen_q {max_seqlen_q} < {policy.min_query_tokens})"
+    if max_seqlen_k < policy.min_key_tokens:
+        return FALLBACK, f"few keys per sequence (max_seqlen_k {max_seqlen_k} < {policy.min_key_tokens})"
+    # every other rule is choose_path's, on the packed tokens as one batch entry (a view, no copy); its
+    # token thresholds were applied per sequence above, and its causal rule (Sq == Sk) per sequence too
+    # (shared offsets), so it sees causal only where the totals agree (they may not: rows past cu[N])
+    per_token = dataclasses.replace(policy, min_query_tokens=1, min_key_tokens=1)
+    return choose_path(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=causal and q.shape[0] == k.shape[0],
+                       dropout_p=dropout_p, policy=per_token)

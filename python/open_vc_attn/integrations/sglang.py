@@ -5,9 +5,12 @@ SGLang diffusion builds every attention layer (``LocalAttention``, ``UlyssesAtte
 from an ``AttentionBackend`` class chosen by its selector; the layer calls the backend's ``AttentionImpl``
 with ``[B, S, H, D]`` q, k, v after its own sequence-parallel all-to-all. :class:`OpenVCAttentionBackend`
 is such a class: its impl sends each call that openvc's fast path takes
-(:func:`open_vc_attn.integrations.policy.choose_path`) to :func:`open_vc_attn.attention` and every other
-call (cross-attention to text tokens, short sequences, causal text encoders, head dim 64, GQA) to
-SGLang's own ``SDPAImpl``.
+(:func:`open_vc_attn.integrations.policy.choose_path`: long self-attention, causal included) to
+:func:`open_vc_attn.attention` and every other call (cross-attention to text tokens, short sequences,
+GQA, head dims the policy leaves out) to SGLang's own ``SDPAImpl``. Packed sequences
+(``forward_varlen``: ``[T, H, D]`` with ``cu_seqlens``, which later SGLang releases call from their varlen
+attention layers) go by :func:`~open_vc_attn.integrations.policy.choose_varlen_path` to openvc's packed
+path in one call, or to SGLang's varlen SDPA (per sequence on releases without one).
 
 SGLang chooses backends from a fixed enum (``AttentionBackendEnum``) with no entry for out-of-tree
 backends, so :func:`install` wraps the platform's ``get_attn_backend_cls_str``: where SGLang would pick a
@@ -66,10 +69,18 @@ _counts = collections.Counter()     # (path, reason) -> calls (eager)
 _default_policy = [_policy.DEFAULT_POLICY]
 
 
-def _fast_attention(q, k, v, scale, return_lse):
+def _fast_attention(q, k, v, scale, return_lse, causal=False):
     """openvc's fast path; tests swap it for a CPU reference stand-in."""
     from .. import api
-    return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse)
+    return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, causal=causal)
+
+
+def _fast_varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal):
+    """openvc's packed path: one call over every sequence (each quantized and attended alone), the offsets
+    read on the GPU only. Tests swap it for a CPU stand-in."""
+    from .. import api
+    return api.attention(q, k, v, softmax_scale=scale, causal=causal, cu_seqlens_q=cu_seqlens,
+                         cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
 
 
 @dataclasses.dataclass
@@ -114,7 +125,7 @@ class OpenVCAttentionImpl(AttentionImpl):
                                            policy=self.policy)
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse)
+            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse, self.causal)
             out, lse = res if return_softmax_lse else (res, None)
             out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
             return (out, lse) if return_softmax_lse else out
@@ -123,6 +134,39 @@ class OpenVCAttentionImpl(AttentionImpl):
                 f"return_softmax_lse=True: the SDPA fallback of the openvc backend returns no LSE, and this call "
                 f"does not take openvc's fast path ({reason}); ring attention needs the fa or sage_attn backend")
         return self.fallback.forward(query, key, value, attn_metadata)
+
+    def forward_varlen(self, query, key, value, *, cu_seqlens, max_seqlen: int,
+                       cu_seqlens_host: tuple[int, ...] | None = None):
+        """Packed sequences, as later SGLang releases call it (varlen USPAttention, packed-window DiTs):
+        q, k, v [T, H, D] (keys and values of the same token layout), cu_seqlens int32 [N + 1] offsets
+        shared by queries and keys, max_seqlen the longest sequence -> [T, H, D] in q's dtype. openvc's
+        packed path when :func:`~open_vc_attn.integrations.policy.choose_varlen_path` takes the call (no
+        synchronization: the offsets stay on the GPU), else SGLang's own varlen SDPA where the installed
+        release has one, else SDPAImpl per sequence (which needs the host offsets: cu_seqlens_host, or
+        one read of cu_seqlens). Rows past cu_seqlens[-1] are 0."""
+        path, reason = _policy.choose_varlen_path(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                  causal=self.causal, dropout_p=self.dropout_p, policy=self.policy)
+        _counts[(path, reason)] += 1
+        if path == _policy.OPENVC:
+            out = _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen, self.softmax_scale, self.causal)
+            return out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
+        own = getattr(self.fallback, "forward_varlen", None)
+        if own is not None:          # SGLang releases with packed varlen attention
+            return own(query, key, value, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                       cu_seqlens_host=cu_seqlens_host)
+        return _per_sequence(self.fallback, query, key, value, cu_seqlens, cu_seqlens_host)
+
+
+def _per_sequence(impl, query, key, value, cu_seqlens, cu_seqlens_host):
+    """SDPAImpl.forward on each packed sequence (releases whose SDPAImpl has no forward_varlen)."""
+    import torch
+    bounds = cu_seqlens_host if cu_seqlens_host is not None else tuple(int(x) for x in cu_seqlens.tolist())
+    out = torch.zeros_like(query)
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        if stop > start:
+            out[start:stop] = impl.forward(query[None, start:stop], key[None, start:stop], value[None, start:stop],
+                                           None)[0]
+    return out
 
 
 class OpenVCAttentionBackend(AttentionBackend):

@@ -1,0 +1,419 @@
+"""End-to-end transformer forwards of diffusers video models with diffusers' native attention (torch SDPA) and
+with openvc applied (open_vc_attn.integrations.diffusers.apply): seconds per forward, speedup, and the
+attention calls of one forward by path (docs/integrations/diffusers.md, "End to end"; issue 15).
+
+    python3 scripts/device/diffusers_e2e.py --json out.json               # all models, GPU (sm_90a)
+    python3 scripts/device/diffusers_e2e.py --models ltx --layers 28 --runs 5
+    python3 scripts/device/diffusers_e2e.py --dry-run                      # CPU, tiny configs (API check)
+    bash scripts/device/check.sh diffusers-e2e                             # on the device, carried .whl/
+
+Models (diffusers 0.42.1), each built from its real config (widths, heads, head dim, text widths) with
+random BF16 weights created on the GPU, at real token counts; only the NUMBER of transformer blocks is cut
+(--layers, spread over the model's block stacks in their real proportions) to keep the step short:
+- hunyuan: HunyuanVideoTransformer3DModel (HunyuanVideo 13B: 24 x 128, 20 dual + 40 single blocks), 720p
+  x 129 frames -> 33 x 90 x 160 latent -> 118,800 video tokens; 256 text tokens of which 200 are padding
+  (diffusers passes a bool key mask [B, 1, 1, N] to the joint attention).
+- ltx: LTXVideoTransformer3DModel (LTX-Video 2B: 32 x 64, 28 blocks), 768 x 512 x 121 frames -> 16 x 16 x 24
+  latent -> 6,144 tokens; 128 text tokens (the pipeline's max length), a text padding mask.
+- motif: MotifVideoTransformer3DModel (Motif-Video 2B, Flux-style joint attention: 12 dual + 16 single + 8
+  decoder blocks per the model card; 12 heads x 128, which gives the checkpoint's 2 B parameters — the
+  checkpoint's config.json was not at hand; diffusers' class default, 24 heads, gives 8.6 B: --motif-heads),
+  1280 x 736 x 121 frames -> 31 x 46 x 80 latent after patching -> 114,080 video tokens; 512 text tokens
+  with padding (bool key mask [B, 1, 1, N]); its decoder blocks attend over video + video (228,160 keys).
+
+Times: one warm-up forward per backend, then --runs forwards of each, interleaved (native, openvc, ...)
+so clock drift hits both alike; the median is reported. The calls by path are those of one forward
+(stats(model) of the warm-up). The output difference (rel L2 of openvc's output against native's) is
+printed for information (random weights attend almost uniformly: it is not an accuracy figure).
+--dry-run builds tiny configs on the CPU (BF16) and runs the same code with torch SDPA standing in for
+openvc's kernel and the policy's token thresholds scaled down (100 for 1024), so the calls take the paths
+they take on the GPU; --shapes-only builds the real configs at the real token counts on the meta device
+and runs one forward per backend without computing anything. Neither measures speed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import statistics
+import sys
+import time
+import warnings
+
+# ---- models ------------------------------------------------------------------------------------------------
+# Each entry: the diffusers class, its real config, the config's block stacks (name -> real count), the
+# inputs at real token counts, and a tiny variant for --dry-run (same code path, small widths and tokens).
+
+HUNYUAN = {
+    "class": "HunyuanVideoTransformer3DModel",
+    "config": dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
+                   num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm",
+                   guidance_embeds=True, text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0,
+                   rope_axes_dim=(16, 56, 56)),
+    "stacks": {"num_layers": 20, "num_single_layers": 40},
+    "default_layers": 6,                        # 2 dual + 4 single: ~4 s per native forward on an H200
+    "latent": (16, 33, 90, 160),                # 720 x 1280, 129 frames (VAE 4x temporal, 8x spatial)
+    "text": (256, 200),                         # text tokens, of which padding
+    "tiny": dict(config=dict(num_attention_heads=2, num_refiner_layers=1, mlp_ratio=1.0, text_embed_dim=32,
+                             pooled_projection_dim=16, in_channels=4, out_channels=4),
+                 latent=(4, 3, 16, 16), text=(12, 3), text_dim=32, pooled=16),
+}
+
+LTX = {
+    "class": "LTXVideoTransformer3DModel",
+    "config": dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+                   attention_head_dim=64, cross_attention_dim=2048, activation_fn="gelu-approximate",
+                   qk_norm="rms_norm_across_heads", norm_elementwise_affine=False, norm_eps=1e-6,
+                   caption_channels=4096, attention_bias=True, attention_out_bias=True),
+    "stacks": {"num_layers": 28},
+    "default_layers": 28,                       # the whole model: ~0.1 s per forward
+    "latent": (128, 16, 16, 24),                # 512 x 768, 121 frames (VAE 8x temporal, 32x spatial)
+    "text": (128, 88),
+    "tiny": dict(config=dict(in_channels=8, out_channels=8, num_attention_heads=2, cross_attention_dim=128,
+                             caption_channels=32),
+                 latent=(8, 3, 8, 8), text=(10, 3), text_dim=32),
+}
+
+MOTIF = {
+    "class": "MotifVideoTransformer3DModel",
+    # 12 x 128: 2.15 B parameters, Motif-Video-2B's size (the class default, 24 x 128, gives 8.6 B)
+    "config": dict(in_channels=33, out_channels=16, num_attention_heads=12, attention_head_dim=128, mlp_ratio=4.0,
+                   patch_size=2, patch_size_t=1, qk_norm="rms_norm", norm_type="layer_norm", text_embed_dim=4096,
+                   rope_theta=256.0, rope_axes_dim=(16, 56, 56), enable_text_cross_attention_dual=True,
+                   enable_text_cross_attention_single=True),
+    # num_single_layers counts the decoder blocks too: 16 encoder single + 8 decoder = 24
+    "stacks": {"num_layers": 12, "single_encoder": 16, "num_decoder_layers": 8},
+    "default_layers": 9,                        # 3 dual + 4 single + 2 decoder (a quarter): ~3 s native
+    "latent": (33, 31, 92, 160),                # 736 x 1280, 121 frames (Wan VAE 4x temporal, 8x spatial)
+    "text": (512, 400),
+    "tiny": dict(config=dict(in_channels=4, out_channels=4, num_attention_heads=2, mlp_ratio=1.0, text_embed_dim=32),
+                 latent=(4, 3, 16, 16), text=(12, 3), text_dim=32),
+}
+
+MODELS = {"hunyuan": HUNYUAN, "ltx": LTX, "motif": MOTIF}
+
+
+def split_layers(stacks, total):
+    """``total`` blocks spread over the stacks in their real proportions (largest shortfall first, at least one
+    per stack), so that a cut model keeps the real mix of block kinds. total None: the real counts."""
+    if total is None:
+        return dict(stacks)
+    real = sum(stacks.values())
+    total = max(len(stacks), min(int(total), real))
+    shares = {k: total * n / real for k, n in stacks.items()}
+    counts = {k: max(1, int(s)) for k, s in shares.items()}
+    for k in sorted(stacks, key=lambda k: counts[k] - shares[k]):   # the largest shortfall first
+        if sum(counts.values()) >= total:
+            break
+        counts[k] += 1
+    return counts
+
+
+def model_config(name, spec, layers, tiny, motif_heads):
+    cfg = dict(spec["config"])
+    if name == "motif" and motif_heads:
+        cfg["num_attention_heads"] = motif_heads
+    if tiny:
+        cfg.update(spec["tiny"]["config"])
+    counts = split_layers(spec["stacks"], layers)
+    if name == "motif":                         # diffusers' single count includes the decoder blocks
+        cfg["num_layers"] = counts["num_layers"]
+        cfg["num_decoder_layers"] = counts["num_decoder_layers"]
+        cfg["num_single_layers"] = counts["single_encoder"] + counts["num_decoder_layers"]
+    else:
+        cfg.update(counts)
+    return cfg, counts
+
+
+@contextlib.contextmanager
+def default_dtype(torch, dtype):
+    """Parameters are created in ``dtype`` directly (no FP32 copy of the weights on the device first)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def build(torch, name, spec, cfg, device, dtype):
+    import diffusers
+    cls = getattr(diffusers, spec["class"])
+    torch.manual_seed(0)
+    with torch.device(device), default_dtype(torch, dtype):
+        model = cls(**cfg)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def text_inputs(torch, tokens, padding, width, gen, device, dtype):
+    """Text states [1, T, width] and a [1, T] mask with the padding at the end (as tokenizers pad)."""
+    states = torch.randn(1, tokens, width, generator=gen, device=device).to(dtype)
+    mask = torch.ones(1, tokens, device=device, dtype=dtype)
+    mask[:, tokens - padding:] = 0
+    return states, mask
+
+
+def make_inputs(torch, name, spec, tiny, device, dtype):
+    """(forward kwargs, video tokens, text tokens) at the model's real token counts (tiny: small ones)."""
+    src = spec["tiny"] if tiny else spec
+    gen = None if device == "meta" else torch.Generator(device=device).manual_seed(1)   # meta: --shapes-only
+    c, f, h, w = src["latent"]
+    t, pad = src["text"]
+    text_dim = src.get("text_dim", 4096)
+    text, mask = text_inputs(torch, t, pad, text_dim, gen, device, dtype)
+    step = torch.tensor([500], device=device)
+    if name == "ltx":                           # LTX takes patchified tokens [B, F*H*W, C] and the grid size
+        latents = torch.randn(1, f * h * w, c, generator=gen, device=device).to(dtype)
+        kwargs = dict(hidden_states=latents, encoder_hidden_states=text, timestep=step, encoder_attention_mask=mask,
+                      num_frames=f, height=h, width=w, rope_interpolation_scale=(8 / 25, 32, 32))
+        return kwargs, f * h * w, t
+    latents = torch.randn(1, c, f, h, w, generator=gen, device=device).to(dtype)
+    video_tokens = f * (h // 2) * (w // 2)
+    if name == "hunyuan":
+        pooled = torch.randn(1, src.get("pooled", 768), generator=gen, device=device).to(dtype)
+        kwargs = dict(hidden_states=latents, timestep=step, encoder_hidden_states=text, encoder_attention_mask=mask,
+                      pooled_projections=pooled, guidance=torch.tensor([6000.0], device=device))
+    else:
+        kwargs = dict(hidden_states=latents, timestep=step, encoder_hidden_states=text, encoder_attention_mask=mask)
+    return kwargs, video_tokens, t
+
+
+# ---- measurement -------------------------------------------------------------------------------------------
+
+def forward(torch, model, inputs):
+    with torch.inference_mode():
+        out = model(**inputs, return_dict=False)[0]
+    return out
+
+
+def timed(torch, fn, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def rel_l2(torch, a, b):
+    a, b = a.float(), b.float()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
+
+
+def calls_by_path(stats):
+    """stats(model) -> [{path, reason, calls}], openvc first, then by count."""
+    rows = [{"path": p, "reason": r, "calls": n} for (p, r), n in stats.items()]
+    return sorted(rows, key=lambda x: (x["path"] != "openvc", -x["calls"], x["reason"]))
+
+
+@contextlib.contextmanager
+def fast_path_stand_in(torch, ovd, ovp):
+    """--dry-run / --shapes-only: the policy's device check passes CPU and meta tensors, and openvc's kernel
+    is replaced by torch SDPA in FP32 with the same key mask (meta: an empty output), so that the calls take
+    the path they take on the GPU and the openvc branch of the integration (mask and scale passing) runs."""
+    saved = ovp._device_reason, ovd._fast_attention
+
+    def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False):
+        if q.device.type == "meta":
+            out = torch.empty_like(q)
+        else:
+            mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), attn_mask=mask,
+                scale=scale, is_causal=causal).transpose(1, 2).to(torch.bfloat16)
+        lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+        return (out, lse) if return_lse else out
+
+    ovp._device_reason, ovd._fast_attention = (lambda device: None), stand_in
+    try:
+        yield
+    finally:
+        ovp._device_reason, ovd._fast_attention = saved
+
+
+def describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model):
+    return {"model": name, "class": spec["class"],
+            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
+            "blocks": counts, "real_blocks": dict(spec["stacks"]), "video_tokens": video_tokens,
+            "text_tokens": text_tokens, "text_padding": (spec["tiny"] if tiny else spec)["text"][1],
+            "heads": cfg["num_attention_heads"], "head_dim": cfg["attention_head_dim"],
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def run_model(torch, ovd, name, args, device, dtype, policy):
+    spec = MODELS[name]
+    tiny = args.dry_run
+    layers = args.layers if args.layers is not None else (None if tiny else spec["default_layers"])
+    if tiny and args.layers is None:
+        layers = len(spec["stacks"])            # one block per stack
+    cfg, counts = model_config(name, spec, layers, tiny, args.motif_heads)
+    t_build = time.perf_counter()
+    model = build(torch, name, spec, cfg, device, dtype)
+    inputs, video_tokens, text_tokens = make_inputs(torch, name, spec, tiny, device, dtype)
+    build_s = time.perf_counter() - t_build
+    record = describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model)
+    record["build_s"] = round(build_s, 2)
+    print(f"[{name}] {spec['class']}: blocks {counts} (real {spec['stacks']}), {video_tokens} video + "
+          f"{text_tokens} text tokens, {cfg['num_attention_heads']} x {cfg['attention_head_dim']}, "
+          f"{record['params'] / 1e9:.2f} B params, built in {build_s:.1f} s", flush=True)
+
+    def native():
+        return forward(torch, model, inputs)
+
+    def openvc():
+        ovd.apply(model, policy=policy)
+        try:
+            return forward(torch, model, inputs)
+        finally:
+            ovd.remove(model)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t_native0, out_native = timed(torch, native, device)
+        ovd.reset_stats()                        # so that stats(model) below counts one forward
+        t_openvc0, out_openvc = timed(torch, openvc, device)
+        record["calls_per_forward"] = calls_by_path(ovd.stats(model))
+        record["output_shape"] = list(out_openvc.shape)
+        if device != "meta":
+            record["rel_l2_openvc_vs_native"] = rel_l2(torch, out_openvc, out_native)
+        del out_native, out_openvc
+        times = {"native": [], "openvc": []}
+        for _ in range(args.runs if device != "meta" else 0):
+            for key, fn in (("native", native), ("openvc", openvc)):
+                dt, out = timed(torch, fn, device)
+                del out
+                times[key].append(dt)
+        record["warnings"] = sorted({f"{w.category.__name__}: {w.message}" for w in seen})
+    openvc_calls = sum(r["calls"] for r in record["calls_per_forward"] if r["path"] == "openvc")
+    total_calls = sum(r["calls"] for r in record["calls_per_forward"])
+    if device != "meta":
+        record["warmup_s"] = {"native": t_native0, "openvc": t_openvc0}
+        record["times_s"] = times
+        med = {k: statistics.median(v) for k, v in times.items()}
+        record["s_per_forward"] = med
+        record["speedup"] = med["native"] / med["openvc"]
+        print(f"[{name}] native {med['native']:.3f} s, openvc {med['openvc']:.3f} s per forward: "
+              f"{record['speedup']:.2f}x; {openvc_calls}/{total_calls} attention calls on openvc; rel L2 "
+              f"{record['rel_l2_openvc_vs_native']:.4f}", flush=True)
+    else:
+        print(f"[{name}] output {record['output_shape']}; {openvc_calls}/{total_calls} attention calls on openvc")
+    if device == "cuda":
+        record["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        print(f"[{name}] peak memory {record['max_memory_gib']:.1f} GiB")
+    for r in record["calls_per_forward"]:
+        print(f"[{name}]   {r['path']:8s} {r['calls']:4d}  {r['reason'] or '-'}")
+    del model, inputs
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return record
+
+
+def table(records):
+    lines = ["| model | blocks (of real) | tokens (video + text, padding) | heads x dim | native s/fwd | "
+             "openvc s/fwd | speedup | calls openvc / fallback |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
+            continue
+        ov = sum(c["calls"] for c in r["calls_per_forward"] if c["path"] == "openvc")
+        fb = sum(c["calls"] for c in r["calls_per_forward"] if c["path"] != "openvc")
+        blocks = sum(r["blocks"].values())
+        sec = r.get("s_per_forward")
+        times = (f"{sec['native']:.3f} | {sec['openvc']:.3f} | {r['speedup']:.2f}x" if sec else "- | - | -")
+        lines.append(f"| {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | {r['video_tokens']:,} + "
+                     f"{r['text_tokens']} ({r['text_padding']}) | {r['heads']} x {r['head_dim']} | {times} | "
+                     f"{ov} / {fb} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="hunyuan,ltx,motif", help="comma-separated, of: " + ", ".join(MODELS))
+    p.add_argument("--layers", type=int, default=None,
+                   help="transformer blocks per model, spread over its stacks in the real proportions (default: "
+                        "per model: hunyuan 6, ltx 28, motif 9; --dry-run: one per stack)")
+    p.add_argument("--runs", type=int, default=3, help="timed forwards per backend after the warm-up")
+    p.add_argument("--motif-heads", type=int, default=None,
+                   help="Motif-Video attention heads (default 12: 2.15 B parameters, the 2B checkpoint's size; "
+                        "diffusers' class default is 24)")
+    p.add_argument("--policy-head-dims", default=None,
+                   help="e.g. 64,128: DispatchPolicy(head_dims=...) for apply(); default: the integration's "
+                        "default policy (what a user gets)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU, tiny configs, kernel stand-in (checks the diffusers API and routing)")
+    p.add_argument("--shapes-only", action="store_true",
+                   help="real configs and token counts on the meta device (no memory, no compute): checks the "
+                        "inputs against the models and prints the calls by path a GPU run will make")
+    p.add_argument("--json", default=None, help="write the records here")
+    args = p.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        p.error(f"--models: unknown {unknown}; choose from {sorted(MODELS)}")
+    if args.runs < 1:
+        p.error("--runs: at least 1")
+    if args.dry_run and args.shapes_only:
+        p.error("--dry-run and --shapes-only: pick one")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+    import diffusers
+    from diffusers.utils import logging as dlogging
+    from open_vc_attn.integrations import diffusers as ovd
+    from open_vc_attn.integrations import policy as ovp
+
+    dlogging.set_verbosity_error()
+    device = "cpu" if args.dry_run else "meta" if args.shapes_only else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("diffusers_e2e: no CUDA device (use --dry-run on a CPU machine)", file=sys.stderr)
+        return 2
+    policy = None
+    if args.policy_head_dims:
+        dims = tuple(int(d) for d in args.policy_head_dims.split(","))
+        policy = dataclasses.replace(ovp.DEFAULT_POLICY, head_dims=dims)
+    if args.dry_run:
+        # tiny calls: 100 tokens stand for the default 1024, so that joint attention (204 tokens) is taken
+        # and text cross-attention (12 keys) is not, as at the real sizes
+        policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, min_query_tokens=100, min_key_tokens=100)
+    used_policy = policy or ovp.DEFAULT_POLICY
+    header = {"diffusers": diffusers.__version__, "torch": torch.__version__, "device": device,
+              "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "dry_run": args.dry_run,
+              "shapes_only": args.shapes_only, "runs": args.runs, "policy": {"min_query_tokens": used_policy.min_query_tokens,
+                                            "min_key_tokens": used_policy.min_key_tokens,
+                                            "head_dims": list(used_policy.head_dims)}}
+    print("diffusers_e2e:", json.dumps(header), flush=True)
+    records, failed = [], False
+    t0 = time.perf_counter()
+    for name in args.models:
+        try:
+            with fast_path_stand_in(torch, ovd, ovp) if device != "cuda" else contextlib.nullcontext():
+                records.append(run_model(torch, ovd, name, args, device, torch.bfloat16, policy))
+        except Exception as exc:   # noqa: BLE001 - one model's failure is reported, the next still runs
+            failed = True
+            import traceback
+            traceback.print_exc()
+            records.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    header["wall_s"] = time.perf_counter() - t0
+    print(table(records))
+    print(f"diffusers_e2e: {header['wall_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({**header, "models": records}, fh, indent=1)
+        print("diffusers_e2e: wrote", args.json)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
