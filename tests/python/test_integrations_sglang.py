@@ -15,7 +15,6 @@ nvidia-ml-py). Skips when sglang or torch is not installed.
 - Marked `gpu`: the impl against open_vc_attn.attention (bit for bit, LSE too) and SDPAImpl.
 On an H200 (sglang and pyzmq carried as wheels): python3 -m pytest -q -rs tests/python/test_integrations_sglang.py
 """
-import collections
 import importlib
 import importlib.util
 import inspect
