@@ -29,8 +29,11 @@
 #                     one of the two named runs video-kernel / video-repair-vc.
 #   repair-eval       scripts/device/repair_selection_eval.py (energy vs attention-aware selection).
 #   vc-cost           the VC baseline's stage costs at S = 73,397, H = 56 (baselines.benchmark_vc).
-#   integrations      diffusers and SGLang: the carried .whl/*.whl (diffusers, sglang, pyzmq) into /tmp/site,
-#                     the integration tests and the four examples.
+#   integrations      diffusers, SGLang and yunchang: the carried .whl/*.whl (diffusers, sglang, pyzmq, yunchang)
+#                     into /tmp/site, the integration tests and the four examples.
+#   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
+#                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
+#                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
@@ -239,6 +242,7 @@ step_integrations() {
 '| diffusers', diffusers.__version__, '| torch', torch.__version__)" 2>&1 | tee -a "$OUT/integrations.log"
    cd /tmp && timeout 400 "$PY" -m pytest -q -rs -s -p no:cacheprovider "$REPO/tests/python/test_integrations_policy.py" \
      "$REPO/tests/python/test_integrations_diffusers.py" "$REPO/tests/python/test_integrations_sglang.py" \
+     "$REPO/tests/python/test_integrations_yunchang.py" "$REPO/tests/python/test_integrations_diffusers_cp.py" \
      >> "$OUT/integrations.log" 2>&1 || rc=1
    grep -E "passed|failed|SKIPPED|FAILED|Error|sglang attention backends|Wan random" "$OUT/integrations.log" | tail -20
    cd "$REPO"
@@ -250,6 +254,12 @@ step_integrations() {
    done
    grep -vE "^\s*$" "$OUT/examples.log" | tail -32
    exit $rc)
+}
+
+step_dispatch_floor() {
+  step_install || return 1
+  (cd /tmp && timeout 300 "$PY" "$REPO/scripts/device/dispatch_floor.py" --out "$OUT/dispatch_floor.json" \
+     ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -70; exit $r)
 }
 
 step_ulysses() {
@@ -267,7 +277,7 @@ STEPS=()
 while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
-PY_STEPS=" install pytest smoke repair-eval vc-cost integrations ulysses "
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations dispatch-floor ulysses "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 for s in "${STEPS[@]}"; do
   case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
