@@ -259,7 +259,7 @@ step_integrations() {
 step_dispatch_floor() {
   step_install || return 1
   (cd /tmp && timeout 300 "$PY" "$REPO/scripts/device/dispatch_floor.py" --out "$OUT/dispatch_floor.json" \
-     ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -70; exit $r)
+     ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -120; exit $r)
 }
 
 step_ulysses() {
