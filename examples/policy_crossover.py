@@ -6,8 +6,10 @@ Times open_vc_attn.attention (quantization included, as the integrations call it
 scaled_dot_product_attention in BF16 (what diffusers' "native" backend and SGLang's SDPA backend run), for
 self-attention at growing sequence lengths and for cross-attention of a 32,760-token video to a growing
 number of keys. Prints the speedup per size and the smallest self-attention length and key count from
-which openvc is faster. The default policy (open_vc_attn.integrations.policy.DEFAULT_POLICY) uses 1024
-for both; pass other thresholds with DispatchPolicy(min_query_tokens=..., min_key_tokens=...).
+which openvc is faster. The default policy (open_vc_attn.integrations.policy.DEFAULT_POLICY) uses the
+crossover of the committed run of this script (policy.CROSSOVER_RECORD: 16,384 query tokens, 4,096 keys);
+pass other thresholds with DispatchPolicy(min_query_tokens=..., min_key_tokens=...).
+scripts/device/dispatch_floor.py measures the whole (Sq, Sk) grid at several head counts.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import sys
 
 
 def bench(fn, iters=20):
-    """Milliseconds per call, timed as the benchmark times it (open_vc_attn.bench.harness)."""
+    """Milliseconds per call of back-to-back eager calls (open_vc_attn.bench.harness, no CUDA graph): the
+    integrations' frameworks call attention eagerly, so the per-call host time belongs in the crossover
+    (a graph would hide it)."""
     from open_vc_attn.bench import harness
-    return harness.median_ms(fn, rounds=iters)
+    return harness.median_ms(fn, rounds=iters, use_graph=False)
 
 
 def main(argv=None) -> int:

@@ -29,12 +29,15 @@
 #                     one of the two named runs video-kernel / video-repair-vc.
 #   repair-eval       scripts/device/repair_selection_eval.py (energy vs attention-aware selection).
 #   vc-cost           the VC baseline's stage costs at S = 73,397, H = 56 (baselines.benchmark_vc).
-#   integrations      diffusers and SGLang: the carried .whl/*.whl (diffusers, sglang, pyzmq) into /tmp/site,
-#                     the integration tests and the four examples.
+#   integrations      diffusers, SGLang and yunchang: the carried .whl/*.whl (diffusers, sglang, pyzmq, yunchang)
+#                     into /tmp/site, the integration tests and the four examples.
 #   diffusers-e2e     scripts/device/diffusers_e2e.py with the carried .whl/ (diffusers): HunyuanVideo, LTX-Video
 #                     and Motif-Video transformer forwards at real widths and token counts, native SDPA vs
 #                     openvc, calls by path; $OUT/diffusers_e2e.json ($DIFFUSERS_E2E_ARGS appended, e.g.
 #                     "--models ltx --policy-head-dims 64,128"; ~2 min, < 40 GiB).
+#   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
+#                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
+#                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
@@ -248,6 +251,7 @@ step_integrations() {
 '| diffusers', diffusers.__version__, '| torch', torch.__version__)" 2>&1 | tee -a "$OUT/integrations.log"
    cd /tmp && timeout 400 "$PY" -m pytest -q -rs -s -p no:cacheprovider "$REPO/tests/python/test_integrations_policy.py" \
      "$REPO/tests/python/test_integrations_diffusers.py" "$REPO/tests/python/test_integrations_sglang.py" \
+     "$REPO/tests/python/test_integrations_yunchang.py" "$REPO/tests/python/test_integrations_diffusers_cp.py" \
      >> "$OUT/integrations.log" 2>&1 || rc=1
    grep -E "passed|failed|SKIPPED|FAILED|Error|sglang attention backends|Wan random" "$OUT/integrations.log" | tail -20
    cd "$REPO"
@@ -270,6 +274,12 @@ step_diffusers_e2e() {
    r=$?; grep -vE "^\s*$" "$OUT/diffusers-e2e.log" | tail -40; exit $r)
 }
 
+step_dispatch_floor() {
+  step_install || return 1
+  (cd /tmp && timeout 300 "$PY" "$REPO/scripts/device/dispatch_floor.py" --out "$OUT/dispatch_floor.json" \
+     ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -120; exit $r)
+}
+
 step_ulysses() {
   step_install || return 1
   local n
@@ -285,7 +295,7 @@ STEPS=()
 while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
-PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e ulysses "
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor ulysses "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 for s in "${STEPS[@]}"; do
   case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||

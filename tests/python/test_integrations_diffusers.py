@@ -87,6 +87,8 @@ def load_example(name):
 
 
 def small_policy(policy, n=64):
+    """Thresholds of n tokens, so that small shapes reach openvc (the defaults are measured crossovers far
+    above the CPU tests' shapes)."""
     return policy.DispatchPolicy(min_query_tokens=n, min_key_tokens=n)
 
 
@@ -117,7 +119,7 @@ def qkv(torch, b=1, sq=2048, sk=None, h=2, d=128, dtype=None):
 
 def test_policy_on_cpu_tensors(torch, policy):
     q, k, v = qkv(torch)
-    path, why = policy.choose_path(q, k, v)
+    path, why = policy.choose_path(q, k, v, policy=small_policy(policy))
     assert path == policy.FALLBACK and "not CUDA" in why
 
 
@@ -166,12 +168,12 @@ def test_register_and_context(torch, ovd):
     assert reg._active_backend == before
 
 
-def test_context_routes_dispatch_calls(torch, ovd, reference_fast_path):
+def test_context_routes_dispatch_calls(torch, ovd, policy, reference_fast_path):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     q, k, v = qkv(torch, sq=1024)
     _, kt, vt = qkv(torch, sq=1024, sk=512)
     ovd.reset_stats()
-    with ovd.openvc_attention():
+    with ovd.openvc_attention(policy=small_policy(policy, 1024)):
         out = dispatch_attention_fn(q, k, v)
         cross = dispatch_attention_fn(q, kt, vt)
     assert reference_fast_path == [tuple(q.shape)]
@@ -184,14 +186,14 @@ def test_context_routes_dispatch_calls(torch, ovd, reference_fast_path):
     assert err < 0.08, err    # random normal inputs: ExpCast FP8 ~5.6% from exact (docs/numerics.md)
 
 
-def test_return_lse_calls(torch, ovd, reference_fast_path):
+def test_return_lse_calls(torch, ovd, policy, reference_fast_path):
     """return_lse=True (what ring attention asks for): openvc's LSE in diffusers' [B, S, H] layout, and an
     exact LSE for calls on the fallback (diffusers' native backend has none)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from open_vc_attn import reference as ref
     q, k, v = qkv(torch, sq=1024)
     _, kt, vt = qkv(torch, sq=1024, sk=300)
-    with ovd.openvc_attention():
+    with ovd.openvc_attention(policy=small_policy(policy, 1024)):
         out, lse = dispatch_attention_fn(q, k, v, attention_kwargs={"return_lse": True})
         out_f, lse_f = dispatch_attention_fn(q, kt, vt, attention_kwargs={"return_lse": True})
     _, ref_lse = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), return_lse=True)
@@ -229,9 +231,9 @@ def tiny_wan(torch, heads=2):
     return ex, model, inputs    # 4 * 16 * 16 = 1024 video tokens
 
 
-def test_apply_wan_cpu(torch, ovd, reference_fast_path):
+def test_apply_wan_cpu(torch, ovd, policy, reference_fast_path):
     ex, model, inputs = tiny_wan(torch)
-    res, out, ref = ex.compare(model, inputs, timed=False)
+    res, out, ref = ex.compare(model, inputs, timed=False, policy=small_policy(policy, 1024))
     # self-attention (1024 tokens) on openvc, text cross-attention (512 keys) on SDPA, in both layers
     assert res["routes"] == {"openvc": 2, "fallback: few keys (512 < 1024)": 2}, res["routes"]
     assert reference_fast_path == [(1, 1024, 2, 128)] * 2
@@ -241,7 +243,7 @@ def test_apply_wan_cpu(torch, ovd, reference_fast_path):
     assert torch.equal(ex.forward(model, inputs), ref)
 
 
-def test_apply_keeps_signature_and_explicit_backend(torch, ovd, reference_fast_path):
+def test_apply_keeps_signature_and_explicit_backend(torch, ovd, policy, reference_fast_path):
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry as reg
     _, model, inputs = tiny_wan(torch)
     active = reg._active_backend
@@ -250,7 +252,7 @@ def test_apply_keeps_signature_and_explicit_backend(torch, ovd, reference_fast_p
     finally:
         reg._active_backend = active
     inner = model.blocks[0].attn1.processor
-    assert ovd.apply(model) == 4 and ovd.apply(model) == 0
+    assert ovd.apply(model, policy=small_policy(policy, 1024)) == 4 and ovd.apply(model) == 0
     proc = model.blocks[0].attn1.processor
     assert inspect.signature(proc.__call__) == inspect.signature(inner.__call__)
     assert proc._attention_backend == "_native_math" and inner._attention_backend is None
@@ -471,14 +473,14 @@ def test_direct_sdpa_models_get_a_clear_error(torch, ovd):
 # ---- GPU ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_gpu_backend_matches_openvc_and_native(torch, ovd):
+def test_gpu_backend_matches_openvc_and_native(torch, ovd, policy):
     import open_vc_attn
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 4096, 12, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     kt, vt = (torch.randn(1, 512, 12, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
     ovd.reset_stats()
-    with ovd.openvc_attention():
+    with ovd.openvc_attention(policy=small_policy(policy, 1024)):   # 4096 tokens: below the default thresholds
         out = dispatch_attention_fn(q, k, v)
         cross = dispatch_attention_fn(q, kt, vt)
         out16 = dispatch_attention_fn(q.half(), k.half(), v.half())
@@ -494,12 +496,14 @@ def test_gpu_backend_matches_openvc_and_native(torch, ovd):
 
 
 @pytest.mark.gpu
-def test_gpu_wan_example(torch, ovd):
+def test_gpu_wan_example(torch, ovd, policy):
     ex = load_example("diffusers_wan")
     model = ex.build_model(heads=12, layers=2)
     inputs = ex.make_inputs(frames=21, height=60, width=104)     # Wan 480p latent: 32,760 tokens
     res, _, _ = ex.compare(model, inputs, iters=5)
     print(f"\nWan random 2 layers, 32760 tokens: {res}")
-    assert res["routes"] == {"openvc": 2, "fallback: few keys (512 < 1024)": 2}, res["routes"]
+    # the default policy: 32,760-token self-attention on openvc, the 512-token text cross-attention on SDPA
+    few = f"fallback: few keys (512 < {policy.DEFAULT_POLICY.min_key_tokens})"
+    assert res["routes"] == {"openvc": 2, few: 2}, res["routes"]
     assert res["rel_l2"] < MAX_REL_L2, res
     assert res["speedup"] > 1.0, res

@@ -46,7 +46,11 @@ class FakeTensor:
                           self._offset, self.device, self.requires_grad)
 
 
-def qkv(b=1, sq=2048, sk=None, h=12, d=128, hk=None, **kw):
+S = 32768   # tokens of a long self-attention: above the default thresholds (DEFAULT below)
+DEFAULT = policy.DEFAULT_POLICY
+
+
+def qkv(b=1, sq=S, sk=None, h=12, d=128, hk=None, **kw):
     sk = sq if sk is None else sk
     return FakeTensor((b, sq, h, d), **kw), FakeTensor((b, sk, hk or h, d), **kw), FakeTensor((b, sk, hk or h, d), **kw)
 
@@ -60,34 +64,48 @@ def hopper(monkeypatch):
 def test_long_self_attention_takes_openvc():
     assert policy.choose_path(*qkv()) == (policy.OPENVC, "")
     assert policy.choose_path(*qkv(b=2, sq=32760, dtype="torch.float16")) == (policy.OPENVC, "")
-    assert policy.choose_path(*qkv(sq=1024, sk=1024)) == (policy.OPENVC, "")   # the threshold is inclusive
+    # the thresholds are inclusive
+    assert policy.choose_path(*qkv(sq=DEFAULT.min_query_tokens, sk=DEFAULT.min_key_tokens)) == (policy.OPENVC, "")
+
+
+def test_default_thresholds_are_the_measured_crossover():
+    """The defaults are the committed record's crossover (DispatchPolicy's docstring cites it): openvc
+    ahead of torch SDPA from 16,384 self-attention tokens and from 4,096 keys of cross-attention."""
+    import json
+    import pathlib
+    record = pathlib.Path(__file__).resolve().parents[2] / policy.CROSSOVER_RECORD
+    summary = json.loads(record.read_text())["summary"]
+    assert (DEFAULT.min_query_tokens, DEFAULT.min_key_tokens) == (summary["self_from_tokens"],
+                                                                  summary["cross_from_keys"])
+    assert policy.CROSSOVER_RECORD in policy.DispatchPolicy.__doc__.replace("\n    ", "")
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    (dict(attn_mask=FakeTensor((1, 1, 2048, 2048), "torch.bool")), "attn_mask per query (not a key padding mask)"),
-    (dict(attn_mask=FakeTensor((1, 12, 1, 2048), "torch.bfloat16")), "attn_mask per head"),
-    (dict(attn_mask=FakeTensor((1, 2048), "torch.int64")), "attn_mask dtype torch.int64 (takes bool or an additive "
+    (dict(attn_mask=FakeTensor((1, 1, S, S), "torch.bool")), "attn_mask per query (not a key padding mask)"),
+    (dict(attn_mask=FakeTensor((1, 12, 1, S), "torch.bfloat16")), "attn_mask per head"),
+    (dict(attn_mask=FakeTensor((1, S), "torch.int64")), "attn_mask dtype torch.int64 (takes bool or an additive "
                                                            "float mask)"),
-    (dict(attn_mask=FakeTensor((1, 1, 1, 2048), "torch.bool"), causal=True), "attn_mask with causal"),
+    (dict(attn_mask=FakeTensor((1, 1, 1, S), "torch.bool"), causal=True), "attn_mask with causal"),
     (dict(dropout_p=0.1), "dropout"),
 ])
 def test_options_fall_back(kwargs, reason):
     assert policy.choose_path(*qkv(), **kwargs) == (policy.FALLBACK, reason)
 
 
-@pytest.mark.parametrize("mask_shape, dtype", [((1, 2048), "torch.bool"), ((1, 1, 2048), "torch.float32"),
-                                               ((1, 1, 1, 2048), "torch.bfloat16")])
+@pytest.mark.parametrize("mask_shape, dtype", [((1, S), "torch.bool"), ((1, 1, S), "torch.float32"),
+                                               ((1, 1, 1, S), "torch.bfloat16")])
 def test_key_padding_masks_and_causal_self_attention_take_openvc(mask_shape, dtype):
     # key padding masks (HunyuanVideo's text padding) and causal self-attention run on the fast path
     assert policy.choose_path(*qkv(), attn_mask=FakeTensor(mask_shape, dtype)) == (policy.OPENVC, "")
     assert policy.choose_path(*qkv(), causal=True) == (policy.OPENVC, "")
-    assert policy.choose_path(*qkv(sq=1500, sk=2048), causal=True)[0] == policy.FALLBACK   # top-left vs end
+    assert policy.choose_path(*qkv(sq=1500, sk=S), causal=True)[0] == policy.FALLBACK   # top-left vs end
 
 
 @pytest.mark.parametrize("shape_kw, prefix", [
-    (dict(sk=512), "few keys (512 < 1024)"),          # Wan text cross-attention
+    (dict(sk=512), f"few keys (512 < {DEFAULT.min_key_tokens})"),   # Wan text cross-attention
     (dict(sk=257), "few keys"),                       # Wan I2V image tokens
-    (dict(sq=1023), "short query"),
+    (dict(sq=DEFAULT.min_query_tokens - 1), "short query"),
+    (dict(sq=S, sk=DEFAULT.min_key_tokens - 1), "few keys"),
     (dict(d=96), "head_dim 96"),                      # neither 128 nor 64
     (dict(h=12, hk=4), "gqa"),
     (dict(dtype="torch.float32"), "dtype"),
@@ -102,23 +120,23 @@ def test_shapes_and_kinds_fall_back(shape_kw, prefix):
 def test_layouts():
     q, k, v = qkv()
     # [B, S, H, D] view of a [B, H, S, D] buffer: strides multiples of 8, head dim contiguous: no copy needed
-    bhsd = FakeTensor(q.shape, strides=(12 * 2048 * 128, 128, 2048 * 128, 1))
+    bhsd = FakeTensor(q.shape, strides=(12 * S * 128, 128, S * 128, 1))
     assert policy.choose_path(bhsd, k, v)[0] == policy.OPENVC
     # a chunk of a fused qkv projection [B, S, 3*H*D]: sequence stride 3*H*D, offset H*D
-    fused = FakeTensor(q.shape, strides=(3 * 2048 * 1536, 3 * 1536, 128, 1), offset=1536)
+    fused = FakeTensor(q.shape, strides=(3 * S * 1536, 3 * 1536, 128, 1), offset=1536)
     assert policy.choose_path(q, fused, fused)[0] == policy.OPENVC
-    for bad in (FakeTensor(q.shape, strides=(2048 * 12 * 129, 12 * 129, 129, 1)),    # stride not x8
-                FakeTensor(q.shape, strides=(1, 12 * 2048, 2048, 2048 * 12)),       # head dim strided
+    for bad in (FakeTensor(q.shape, strides=(S * 12 * 129, 12 * 129, 129, 1)),    # stride not x8
+                FakeTensor(q.shape, strides=(1, 12 * S, S, S * 12)),       # head dim strided
                 FakeTensor(q.shape, offset=4)):                                     # misaligned
         assert policy.choose_path(bad, k, v) == (policy.FALLBACK, "layout (strides or alignment)")
 
 
 def test_rank_and_mismatches():
     q, k, v = qkv()
-    assert policy.choose_path(FakeTensor((2048, 12, 128)), k, v)[1].startswith("rank")
-    assert policy.choose_path(q, k, FakeTensor((1, 2048, 12, 128), dtype="torch.float16"))[1].startswith("dtype")
-    assert policy.choose_path(q, k, FakeTensor((1, 4096, 12, 128)))[1] == "shape mismatch"
-    assert policy.choose_path(q, k, FakeTensor((1, 2048, 12, 128), device=Device("cuda", 1)))[1] == "devices differ"
+    assert policy.choose_path(FakeTensor((S, 12, 128)), k, v)[1].startswith("rank")
+    assert policy.choose_path(q, k, FakeTensor((1, S, 12, 128), dtype="torch.float16"))[1].startswith("dtype")
+    assert policy.choose_path(q, k, FakeTensor((1, 2 * S, 12, 128)))[1] == "shape mismatch"
+    assert policy.choose_path(q, k, FakeTensor((1, S, 12, 128), device=Device("cuda", 1)))[1] == "devices differ"
 
 
 def test_other_gpus_fall_back(monkeypatch):

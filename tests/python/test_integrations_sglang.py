@@ -156,27 +156,30 @@ def test_fallback_is_sglang_sdpa(torch, sgl):
 
 
 def test_routing(torch, sgl, fast_path):
+    # thresholds of 1024 tokens, so that small CPU shapes reach the (reference) fast path; the defaults
+    # are measured crossovers (DispatchPolicy) far above them
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    policy = DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024)
     q, k, v = (rand(torch, 1, 1024, 2, 128, seed=s) for s in range(3))
     kt, vt = rand(torch, 1, 512, 2, 128, seed=5), rand(torch, 1, 512, 2, 128, seed=6)
-    out = make_impl(sgl).forward(q, k, v, None)
+    out = make_impl(sgl, openvc_policy=policy).forward(q, k, v, None)
     assert fast_path == [(1, 1024, 2, 128)] and out.dtype == torch.bfloat16 and out.shape == q.shape
     exact = torch.nn.functional.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v)))
     assert float((out.float() - exact.transpose(1, 2)).norm() / exact.norm()) < 0.08
-    out16 = make_impl(sgl).forward(q.half(), k.half(), v.half(), None)
+    out16 = make_impl(sgl, openvc_policy=policy).forward(q.half(), k.half(), v.half(), None)
     assert out16.dtype == torch.float16
-    out, lse = make_impl(sgl).forward(q, k, v, None, return_softmax_lse=True)
+    out, lse = make_impl(sgl, openvc_policy=policy).forward(q, k, v, None, return_softmax_lse=True)
     assert lse.shape == (1, 2, 1024) and lse.dtype == torch.float32
-    make_impl(sgl).forward(q, kt, vt, None)                                     # text cross-attention
-    make_impl(sgl, causal=True).forward(q, k, v, None)                          # causal self-attention
-    assert fast_path[-1] == ((1, 1024, 2, 128), "causal")                      # ... runs causal on openvc
-    make_impl(sgl, heads=2, kv_heads=1).forward(q, k[:, :, :1], v[:, :, :1], None)   # GQA
-    make_impl(sgl, head_size=64).forward(q[..., :64], k[..., :64], v[..., :64], None)
+    make_impl(sgl, openvc_policy=policy).forward(q, kt, vt, None)                  # text cross-attention
+    make_impl(sgl, causal=True, openvc_policy=policy).forward(q, k, v, None)       # causal self-attention
+    assert fast_path[-1] == ((1, 1024, 2, 128), "causal")                          # ... runs causal on openvc
+    make_impl(sgl, kv_heads=1, openvc_policy=policy).forward(q, k[:, :, :1], v[:, :, :1], None)   # GQA
+    make_impl(sgl, head_size=64, openvc_policy=policy).forward(q[..., :64], k[..., :64], v[..., :64], None)
     # openvc: the self-attention call, FP16, LSE, causal self-attention and head dim 64
     assert sgl.mod.stats() == {("openvc", ""): 5, ("fallback", "few keys (512 < 1024)"): 1,
                                ("fallback", "gqa (unequal head counts)"): 1}
     with pytest.raises(NotImplementedError, match="return_softmax_lse"):
-        make_impl(sgl).forward(q, kt, vt, None, return_softmax_lse=True)
-    from open_vc_attn.integrations.policy import DispatchPolicy
+        make_impl(sgl, openvc_policy=policy).forward(q, kt, vt, None, return_softmax_lse=True)
     small = sgl.mod.OpenVCAttentionImpl(num_heads=2, head_size=128, softmax_scale=0.1,
                                         openvc_policy=DispatchPolicy(min_query_tokens=64, min_key_tokens=64))
     small.forward(q[:, :100], kt, vt, None)
@@ -337,7 +340,8 @@ def test_gpu_impl_matches_openvc(torch, sgl):
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, 4096, 12, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     kt, vt = (torch.randn(1, 512, 12, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
-    impl = make_impl(sgl, heads=12)
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    impl = make_impl(sgl, heads=12, openvc_policy=DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024))
     sdpa = sgl.sdpa.SDPAImpl(num_heads=12, head_size=128, causal=False, softmax_scale=128 ** -0.5)
     sgl.mod.reset_stats()
     out = impl.forward(q, k, v, None)

@@ -186,12 +186,21 @@ def test_long_context_attention_two_processes(yunchang, tmp_path, ulysses, ring,
 def test_gpu_processor_matches_openvc(torch, ovy):
     import open_vc_attn
     g = torch.Generator(device="cuda").manual_seed(0)
+    from open_vc_attn.integrations import policy
     q, k, v = (torch.randn(1, 4096, 6, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
-    out, lse = ovy.OpenVCAttnProcessor()(q, k, v, softmax_scale=0.08)
+    proc = ovy.OpenVCAttnProcessor(policy=policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024))
+    ovy.reset_stats()
+    out, lse = proc(q, k, v, softmax_scale=0.08)       # 4096 tokens: below the default thresholds
     ref_out, ref_lse = open_vc_attn.attention(q, k, v, softmax_scale=0.08, return_lse=True)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse) and lse.shape == (1, 6, 4096)
-    out16, _ = ovy.OpenVCAttnProcessor()(q.half(), k.half(), v.half(), softmax_scale=0.08)
+    out16, _ = proc(q.half(), k.half(), v.half(), softmax_scale=0.08)
     assert out16.dtype == torch.float16
+    assert ovy.stats() == {("openvc", ""): 2}
+    # the default policy keeps this call on the exact fallback (short query)
+    default_out, _ = ovy.OpenVCAttnProcessor()(q, k, v, softmax_scale=0.08)
+    (path, why), = [key for key in ovy.stats() if key[0] == "fallback"]
+    assert why == f"short query (4096 < {policy.DEFAULT_POLICY.min_query_tokens} tokens)"
+    assert float((default_out.double() - ref_out.double()).norm() / default_out.double().norm()) < 0.08
 
 
 # ---- the two-process workers (this file run as a script) ----------------------------------------------------

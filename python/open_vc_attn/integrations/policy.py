@@ -23,6 +23,9 @@ __all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_pat
 OPENVC = "openvc"
 FALLBACK = "fallback"
 
+# The measurement DispatchPolicy's defaults come from (repository path; a test checks the two agree).
+CROSSOVER_RECORD = "bench/results/2026-11-29-h200-repair-vc/policy_crossover.json"
+
 _DTYPES = ("torch.bfloat16", "torch.float16")
 _MASK_DTYPES = ("torch.bool", "torch.bfloat16", "torch.float16", "torch.float32")
 
@@ -32,12 +35,18 @@ class DispatchPolicy:
     """Thresholds of :func:`choose_path`.
 
     min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
-    framework. 1024 keeps text cross-attention (Wan: 512 text tokens, 257 image tokens) and short
-    sequences off openvc; `scripts/device/check.sh integrations` prints the measured crossover.
+    framework. The defaults are the measured crossover against torch SDPA in BF16 on an H200 (12 heads,
+    D = 128, eager calls as a framework makes them; bench/results/2026-11-29-h200-repair-vc/
+    policy_crossover.json, examples/policy_crossover.py): self-attention is faster on openvc from 16,384
+    tokens (1.37x; 8,192: 1.00x, 4,096: 0.45x, 1,024: 0.15x), cross-attention of 32,760 queries from 4,096
+    keys (1.15x; 2,048: 0.90x). Below, quantization and openvc's fixed per-call cost do not pay, and text
+    cross-attention (Wan: 512 text tokens, 257 image tokens) stays on the framework. Provisional:
+    `scripts/device/check.sh dispatch-floor` measures the whole (Sq, Sk) grid at 12, 24 and 40 heads with
+    the per-call floor cut (ops.direct) and prints the thresholds it supports.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     """
-    min_query_tokens: int = 1024
-    min_key_tokens: int = 1024
+    min_query_tokens: int = 16384
+    min_key_tokens: int = 4096
     head_dims: tuple = (128, 64)
 
     def __post_init__(self):
