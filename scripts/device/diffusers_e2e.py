@@ -26,7 +26,7 @@ so clock drift hits both alike; the median is reported. The calls by path are th
 (stats(model) of the warm-up). The output difference (rel L2 of openvc's output against native's) is
 printed for information (random weights attend almost uniformly: it is not an accuracy figure).
 --dry-run builds tiny configs on the CPU (BF16) and runs the same code with torch SDPA standing in for
-openvc's kernel and the policy's token thresholds scaled down (100 for 1024), so the calls take the paths
+openvc's kernel and the policy's token thresholds scaled down (to 100), so the calls take the paths
 they take on the GPU; --shapes-only builds the real configs at the real token counts on the meta device
 and runs one forward per backend without computing anything. Neither measures speed.
 """
@@ -381,7 +381,7 @@ def main(argv=None):
         dims = tuple(int(d) for d in args.policy_head_dims.split(","))
         policy = dataclasses.replace(ovp.DEFAULT_POLICY, head_dims=dims)
     if args.dry_run:
-        # tiny calls: 100 tokens stand for the default 1024, so that joint attention (204 tokens) is taken
+        # tiny calls: 100-token thresholds stand for the defaults, so that joint attention (204 tokens) is taken
         # and text cross-attention (12 keys) is not, as at the real sizes
         policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, min_query_tokens=100, min_key_tokens=100)
     used_policy = policy or ovp.DEFAULT_POLICY

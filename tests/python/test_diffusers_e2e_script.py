@@ -76,5 +76,5 @@ def test_real_shapes_on_meta(e2e, tmp_path):
     assert (motif["video_tokens"], motif["text_tokens"], motif["heads"]) == (114_080, 512, 12)
     assert motif["output_shape"] == [1, 16, 31, 92, 160]
     # 9 joint/decoder attentions; 7 text cross-attentions (3 dual + 4 encoder single blocks) to 512 keys
-    assert calls(motif) == {("openvc", ""): 9, ("fallback", "few keys (512 < 1024)"): 7}
+    assert calls(motif) == {("openvc", ""): 9, ("fallback", "few keys (512 < 4096)"): 7}
     assert 0.5e9 < motif["params"] < 0.6e9 and 1.5e9 < hy["params"] < 1.7e9 and 1.8e9 < ltx["params"] < 2.0e9

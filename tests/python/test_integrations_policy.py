@@ -171,14 +171,18 @@ def packed(total=6000, h=12, d=128, n=3, **kw):
     return FakeTensor((total, h, d), **kw), FakeTensor((total, h, d), **kw), FakeTensor((total, h, d), **kw), cu
 
 
+# Thresholds of 1024 tokens (the defaults are the measured crossover, far above these stand-ins).
+KILO = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024)
+
+
 def test_packed_long_sequences_take_openvc():
     q, k, v, cu = packed()
-    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048) == (policy.OPENVC, "")
-    assert policy.choose_varlen_path(q, k, v, cu, cu, 1024, 1024, causal=True) == (policy.OPENVC, "")
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048, policy=KILO) == (policy.OPENVC, "")
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 1024, 1024, causal=True, policy=KILO) == (policy.OPENVC, "")
     # the thresholds are per sequence (max_seqlen), not on the packed total
-    assert policy.choose_varlen_path(q, k, v, cu, cu, 1023, 1023) == \
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 1023, 1023, policy=KILO) == \
         (policy.FALLBACK, "short sequences (max_seqlen_q 1023 < 1024)")
-    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 512) == \
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 512, policy=KILO) == \
         (policy.FALLBACK, "few keys per sequence (max_seqlen_k 512 < 1024)")
     small = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64)
     assert policy.choose_varlen_path(q, k, v, cu, cu, 100, 100, policy=small) == (policy.OPENVC, "")
@@ -207,7 +211,7 @@ def test_packed_calls_fall_back_with_the_reason():
         if prefix is None:                        # CPU tensors (their offsets too): the device rule
             q2, k2, v2, cu2 = args
             args, prefix = (q2, k2, v2, cu2, cu2, 2048, 2048), "device"
-        path, why = policy.choose_varlen_path(*args, **kw)
+        path, why = policy.choose_varlen_path(*args, policy=KILO, **kw)
         assert path == policy.FALLBACK and why.startswith(prefix), (prefix, why)
     # separate offsets without causal are fine (cross-attention between packed sequences)
-    assert policy.choose_varlen_path(q, k, v, cu, other, 2048, 2048) == (policy.OPENVC, "")
+    assert policy.choose_varlen_path(q, k, v, cu, other, 2048, 2048, policy=KILO) == (policy.OPENVC, "")
