@@ -73,7 +73,6 @@ def test_modes_get_the_ops_with_their_schema_arguments():
     assert same(args[4][:14], (*six, None, None, 0, 0, 0.0, False, -1, True))
 
 
-@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")   # torch's note on profiler cycles
 def test_eager_calls_run_the_implementations(monkeypatch):
     calls = []
 
