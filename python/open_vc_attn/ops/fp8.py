@@ -20,9 +20,6 @@
   varlen layout). seqused_k: optional int32 key counts per batch entry or sequence.
 - ``open_vc_attn::attention_fp8_full(the same arguments) -> (out, lse)``: the sm_90a fast path in its causal,
   packed-sequence and key-count modes (head_dim 128), same outputs.
-
-Each op's CUDA implementation is a plain function here (prepare_cuda, prepare_varlen_cuda, attention_cuda,
-sequence_cuda) that the op wraps; :mod:`.direct` calls them without the dispatcher for api's eager calls.
 """
 import torch
 
@@ -264,8 +261,8 @@ def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_desca
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
                        out_dtype=None):
     return sequence_cuda(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype)
+                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                            return_lse, seqused_k, out_dtype)
 
 
 @_attention_general.register_fake
@@ -283,8 +280,8 @@ def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_desc
                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
                         seqused_k=None, out_dtype=None):
     return sequence_cuda(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype)
+                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                            return_lse, seqused_k, out_dtype)
 
 
 @_attention_fp8_full.register_fake
