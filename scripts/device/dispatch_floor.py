@@ -15,8 +15,7 @@ attention: eagerly, B = 1, D = 128, BF16, [B, S, H, D] tensors, under torch.no_g
   backend calls it (transposed views; torch's own backend choice), and SDPA restricted to cuDNN and to
   flash (sdpa_kernel entered around the batch, not per call). A backend that fails is left out.
 - Floor (tiny shapes): the same plus openvc's parts (the api's checks, prepare_fp8, attention_fp8 on a
-  preparation, the integrations' choose_path), openvc through the custom-op dispatcher (the path before
-  ops.direct; when the installed package has it) and the CUDA-graph time per call (GPU work only).
+  preparation, the integrations' choose_path) and the CUDA-graph time per call (GPU work only).
 - Profile: torch.profiler over 10 small eager calls: CPU self time per op and call, the kernels and their
   durations, and the GPU idle gaps between the kernels of one call (host-bound launches show up there).
 - Grid: (Sq, Sk) over --sizes x --sizes (self-attention is the diagonal) at each head count. Crossover:
@@ -205,7 +204,7 @@ def openvc_backend(torch, q, k, v, dry):
 
 
 def openvc_parts(torch, q, k, v):
-    """openvc's call in parts, and through the custom-op dispatcher (the path before ops.direct)."""
+    """openvc's call in parts."""
     import open_vc_attn
     from open_vc_attn import _checks
     from open_vc_attn.integrations import policy
@@ -220,18 +219,6 @@ def openvc_parts(torch, q, k, v):
         parts["attention_fp8"] = (lambda: open_vc_attn.attention_fp8(prepared), None)
     except Exception as exc:   # reported by the openvc entry, which fails the same way
         print(f"dispatch_floor: prepare_fp8 failed: {type(exc).__name__}: {exc}")
-    try:
-        from open_vc_attn.ops import direct
-    except ImportError:
-        direct = None
-    if direct is not None:
-        def through_ops():
-            saved, direct.eager = direct.eager, (lambda *t: False)
-            try:
-                return open_vc_attn.attention(q, k, v)
-            finally:
-                direct.eager = saved
-        parts["openvc-ops"] = (through_ops, None)
     return parts
 
 

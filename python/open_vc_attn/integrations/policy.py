@@ -41,8 +41,8 @@ class DispatchPolicy:
     tokens (1.37x; 8,192: 1.00x, 4,096: 0.45x, 1,024: 0.15x), cross-attention of 32,760 queries from 4,096
     keys (1.15x; 2,048: 0.90x). Below, quantization and openvc's fixed per-call cost do not pay, and text
     cross-attention (Wan: 512 text tokens, 257 image tokens) stays on the framework. Provisional:
-    `scripts/device/check.sh dispatch-floor` measures the whole (Sq, Sk) grid at 12, 24 and 40 heads with
-    the per-call floor cut (ops.direct) and prints the thresholds it supports.
+    `scripts/device/check.sh dispatch-floor` measures the whole (Sq, Sk) grid at 12, 24 and 40 heads
+    and prints the thresholds it supports.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     """
     min_query_tokens: int = 16384
