@@ -11,9 +11,9 @@
   key padding masks or key counts, head_dim 128 or 64; ``version="reference", mode="bf16"`` runs torch
   SDPA in BF16 instead (A/B runs).
 
-Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128:
-dense, causal, packed sequences, key counts) and the general path on the CUDA cores (head_dim 64, and
-sizes past the fast path's 32-bit range), which is correct but about 30x slower: a call that lands
+Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128 and
+64: dense, causal, packed sequences, key counts) and the general path on the CUDA cores (sizes past the
+fast path's 32-bit range), which is correct but about 30x slower: a call that lands
 there warns once per process and reason (RuntimeWarning). docs/api.md lists which call takes which path.
 
 torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
@@ -224,7 +224,7 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     counts, Sk is the entry's count). mid_window_blocks: the key traversal of section 5 (None: natural
     order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]; packed: [total_q, H, D]);
     with return_lse, (out, lse) where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q,
-    [H, total_q] packed). head_dim 128 runs the sm_90a fast path, head_dim 64 the general path.
+    [H, total_q] packed). head_dim 128 and 64 run the sm_90a fast path.
     out_dtype: None or torch.bfloat16 (the default: BF16 out), or torch.float16: the kernels write FP16
     directly (no cast kernel), for FP16 models.
     """

@@ -4,8 +4,9 @@ diffusers' transformers (Wan, HunyuanVideo, LTX, ...) compute q, k, v and call
 ``diffusers.models.attention_dispatch.dispatch_attention_fn``, which runs the function registered for the
 active backend. :func:`register` adds openvc's function to that registry under the name ``"openvc"``; it
 sends each call that openvc's fast path takes (:func:`open_vc_attn.integrations.policy.choose_path`: long,
-unmasked, non-causal self-attention with head dim 128 on Hopper) to :func:`open_vc_attn.attention`, and
-every other call (text/image cross-attention with few keys, short sequences, masks, causal, head dim 64) to
+self-attention with head dim 128 or 64 on Hopper, unmasked or with a key padding mask, causal too) to
+:func:`open_vc_attn.attention`, and every other call (text/image cross-attention with few keys, short
+sequences, per-query or per-head masks, other head dims) to
 a diffusers backend, ``"native"`` (torch SDPA) unless told otherwise.
 
 Three ways to turn it on:

@@ -6,7 +6,7 @@ of them whichever openvc call comes first:
 
 - :mod:`.fp8`: ``open_vc_attn::prepare_fp8``, ``prepare_fp8_varlen``, ``attention_fp8`` (the sm_90a fast
   path, dense), ``attention_fp8_full`` (the fast path's causal, packed and key-count modes) and
-  ``attention_general`` (the CUDA-core general path: head_dim 64, and what the fast path cannot take).
+  ``attention_general`` (the CUDA-core general path: what the fast path cannot take, and tests).
 - :mod:`.repair`: ``open_vc_attn::prepare_v_repair``, ``build_v_repair``, ``attention_fp8_repair``.
 - :mod:`.vc`: ``open_vc_attn::vc_grouping``, ``prepare_vc``, ``attention_vc_fp8`` (the VC baseline).
 
