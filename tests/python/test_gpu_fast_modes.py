@@ -184,7 +184,6 @@ def test_graph_replay_with_new_inputs_masks_and_offsets(torch):
 def test_head_dim_64_takes_the_fast_path(torch):
     """D = 64 (LTX-Video) runs the fast path's head-dim-64 mode: no general-path warning, and within the
     kernel tolerance of the general path on the same preparation, dense, causal and packed."""
-    from open_vc_attn import ops
     q, k, v = (x[..., :64].contiguous() for x in torch_qkv(torch, 2, 700, 3, seed=21))
     for causal in (False, True):
         with warnings.catch_warnings():
@@ -218,7 +217,6 @@ def _paths(torch):
     counts = lambda q: torch.full((q.shape[0],), q.shape[1], dtype=torch.int32, device="cuda")
 
     def general(q, k, v, softmax_scale=None):
-        from open_vc_attn import ops
         p = open_vc_attn.prepare_fp8(q, k, v)
         return ops.attention_general_op(*p.tensors(), None, None, 0, 0, softmax_scale or 0.0, False, 4, False)[0]
     d64 = lambda x: x[..., :64].contiguous()
