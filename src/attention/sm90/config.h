@@ -35,6 +35,10 @@ struct TileConfig {
   static_assert(kBlockM == 128 && kBlockN == 128, "tiles must coincide with the 128-token quantization blocks");
 };
 
+// Packed calls with at most this many sequences get the compact tile space (tiles.cuh); its table of
+// per-sequence tile offsets lives in shared memory (4 KiB).
+inline constexpr int kMaxCompactSeqs = 1024;
+
 // The host launcher's and the timing tool's default (head dim 128); kernel templates take theirs
 // from the mode (mode.h, ModeConfig).
 using KernelConfig = TileConfig<128>;

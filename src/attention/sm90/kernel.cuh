@@ -20,6 +20,7 @@
 #include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
 #include "attention/sm90/softmax.cuh"
+#include "attention/sm90/tiles.cuh"
 #include "attention/sm90/traversal.h"
 
 namespace openvc::sm90 {
@@ -39,6 +40,7 @@ struct alignas(1024) SharedStorage {
   uint64_t k_full[C::kStages], k_empty[C::kStages];
   uint64_t v_full[C::kStages], v_empty[C::kStages];
   float vc_mean[kMeanStages > 0 ? kMeanStages : 1][C::kHeadDim];  // VC: the V tile's block mean / descale
+  int seq_tile0[has_mode<kMode>(kVarlenMode) ? kMaxCompactSeqs + 1 : 1];  // varlen: the compact tile space
   static_assert(C::kQBytes % 1024 == 0 && C::kTileBytes % 1024 == 0 && C::kVStageBytes % 1024 == 0,
                 "swizzled operand tiles must stay 1024-byte aligned");
   static_assert(!has_mode<kMode>(kHeadDim64Mode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
@@ -48,130 +50,6 @@ struct alignas(1024) SharedStorage {
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
-
-struct TileCoord {
-  int b, h, qt;  // b: batch entry or packed sequence
-};
-template <int kMode>
-__device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p) {
-  // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2. Causal:
-  // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light;
-  // with causal_snake, query-tile-major over every (b, h), heaviest first (next_tile deals them).
-  TileCoord c;
-  int bh;
-  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
-    const int groups = p.batch * p.heads;
-    c.qt = p.num_q_tiles - 1 - tile / groups;
-    bh = tile % groups;
-  } else {
-    c.qt = tile % p.num_q_tiles;
-    if constexpr (has_mode<kMode>(kCausalMode)) c.qt = p.num_q_tiles - 1 - c.qt;
-    bh = tile / p.num_q_tiles;
-  }
-  c.h = bh % p.heads;
-  c.b = bh / p.heads;
-  return c;
-}
-
-// This CTA's next tile: every gridDim.x-th; causal_snake deals round m of gridDim.x tiles in
-// alternating directions (the rounds stay in order, so the sequence still increases).
-template <int kMode>
-__device__ __forceinline__ int next_tile(int tile, const KernelParams& p) {
-  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
-    const int g = gridDim.x, m = tile / g + 1;
-    return m * g + ((m & 1) ? g - 1 - int(blockIdx.x) : int(blockIdx.x));
-  }
-  return tile + gridDim.x;
-}
-
-// What one query tile does, computed identically by the producer and the consumers.
-struct TileWork {
-  TileCoord c;
-  int q_row;     // TMA row of the tile's first query (plain: in the [B, Sq] map; varlen: of [total_q])
-  int k_row0;    // varlen: TMA row of the sequence's first key (plain: 0)
-  int sq, sk;    // the sequence's query and key counts
-  int q_out0;    // output token of query row 0 (packed: cu_q[s]; batched: 0)
-  int n;         // key blocks to visit; 0: no visible key (output 0, lse -inf); < 0: no query row here
-  KeyOrder order;
-};
-template <int kMode>
-__device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p) {
-  constexpr bool kVarlen = has_mode<kMode>(kVarlenMode), kCausal = has_mode<kMode>(kCausalMode);
-  TileWork w{decode_tile<kMode>(tile, p), 0, 0, p.seqlen_q, p.seqlen_k, 0, p.num_k_blocks, KeyOrder(0, 1, -1)};
-  const int r0 = w.c.qt * Cfg::kBlockM;
-  w.q_row = r0;
-  if constexpr (kVarlen) {
-    int q0 = w.c.b * p.seqlen_q, k0 = w.c.b * p.seqlen_k;
-    if (p.cu_q != nullptr) {  // clamped to the tensors: no offset reads or writes out of bounds
-      q0 = min(max(__ldg(p.cu_q + w.c.b), 0), p.total_q);
-      w.sq = min(max(__ldg(p.cu_q + w.c.b + 1), q0), p.total_q) - q0;
-      k0 = min(max(__ldg(p.cu_k + w.c.b), 0), p.total_k);
-      w.sk = min(max(__ldg(p.cu_k + w.c.b + 1), k0), p.total_k) - k0;
-      w.q_out0 = q0;
-    }
-    if (p.seqused_k != nullptr) w.sk = min(w.sk, max(__ldg(p.seqused_k + w.c.b), 0));
-    w.sk = min(w.sk, p.num_k_blocks * Cfg::kBlockN);  // keys past the descale / V arrays are never read
-    w.q_row = q0 + r0;
-    w.k_row0 = k0;
-    w.n = (w.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  }
-  if ((kVarlen || kCausal) && r0 >= w.sq) {
-    w.n = -1;
-    return w;
-  }
-  if constexpr (kCausal) {
-    // Blocks the tile's last row sees (numerics section 5), visited from the diagonal down.
-    const int last_key = min(r0 + Cfg::kBlockM, w.sq) - 1 + (w.sk - w.sq);
-    w.n = last_key < 0 ? 0 : min(last_key / Cfg::kBlockN + 1, w.n);
-    w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
-  } else {
-    // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
-    // range) because a 64-bit division is a call, and a call serializes the wgmma pipeline.
-    const int diag = static_cast<int>((uint32_t(w.c.qt) * uint32_t(w.sk)) / uint32_t(w.sq));
-    w.order = KeyOrder(diag, w.n, p.mid_window_blocks);
-  }
-  return w;
-}
-
-// The consumers' copy of a tile's work with every field made visibly warp-uniform. The varlen fields come
-// from loads (offsets, key counts), which ptxas cannot prove equal across the warp: loop bounds derived
-// from them made it treat the whole consumer loop as divergent (R2UR moves, WARPSYNC). redux.sync writes
-// a uniform register, so its result is known uniform. Consumer warps only (the producer is one thread).
-template <int kMode>
-__device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelParams& p) {
-  TileWork w = tile_work<kMode>(tile, p);
-  if constexpr (has_mode<kMode>(kVarlenMode)) {
-    constexpr unsigned kAll = 0xffffffffu;
-    w.q_row = __reduce_max_sync(kAll, w.q_row);
-    w.k_row0 = __reduce_max_sync(kAll, w.k_row0);
-    w.sq = __reduce_max_sync(kAll, w.sq);
-    w.sk = __reduce_max_sync(kAll, w.sk);
-    w.q_out0 = __reduce_max_sync(kAll, w.q_out0);
-    w.n = __reduce_max_sync(kAll, w.n);
-    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
-  }
-  return w;
-}
-
-// The consumers' tiles: this CTA's tiles that have keys to visit. A tile without keys or query rows is
-// skipped here, before the body, not by a branch inside it: with the branch ptxas treated the whole
-// consumer loop as divergent (WARPSYNC before every wgmma issue, 4x the R2UR moves; packed sequences ran
-// 9% below the same tiles batched). Key-less tiles get their zeros after the main loop.
-template <int kMode>
-__device__ __forceinline__ int next_work(int tile, const KernelParams& p) {
-  do tile = next_tile<kMode>(tile, p);
-  while ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < p.num_tiles &&
-         uniform_tile_work<kMode>(tile, p).n <= 0);
-  return tile;
-}
-template <int kMode>
-__device__ __forceinline__ int first_work(const KernelParams& p) {
-  const int tile = blockIdx.x;
-  if ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < p.num_tiles &&
-      uniform_tile_work<kMode>(tile, p).n <= 0)
-    return next_work<kMode>(tile, p);
-  return tile;
-}
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
 template <int kStages>
@@ -187,15 +65,16 @@ struct RingState {
 };
 
 template <int kMode, int kProbe>
-__device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const KernelParams& p, const CUtensorMap* tm_q,
+__device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const KernelParams& p, const TileSpace& ts,
+                                              const CUtensorMap* tm_q,
                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v,
                                               const CUtensorMap* tm_krep, const CUtensorMap* tm_vrep) {
   using C = ModeConfig<kMode>;
   constexpr bool kVarlen = has_mode<kMode>(kVarlenMode);
   RingState<C::kStages> ring;
   int iter = 0;  // Q tiles loaded (tiles without keys load none)
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
-    const TileWork w = tile_work<kMode>(tile, p);
+  for (int tile = blockIdx.x; tile < ts.count; tile = next_tile<kMode>(tile, p)) {
+    const TileWork w = tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
@@ -344,7 +223,8 @@ struct IssueOrder {
 };
 
 template <int kMode, int kProbe>
-__device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const KernelParams& p, int wg) {
+__device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const KernelParams& p, const TileSpace& ts,
+                                              int wg) {
   constexpr bool kRepair = has_mode<kMode>(kRepairMode);
   constexpr bool kVc = has_mode<kMode>(kVcMode);
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
@@ -360,8 +240,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   const uint64_t desc_q = sw_kmajor_desc<C::kRowBytes>(sh.q + 64 * wg * kD);
   RingState<C::kStages> ring;
   int iter = 0;
-  for (int tile = first_work<kMode>(p); tile < p.num_tiles; tile = next_work<kMode>(tile, p)) {
-    const TileWork w = uniform_tile_work<kMode>(tile, p);
+  for (int tile = first_work<kMode>(p, ts); tile < ts.count; tile = next_work<kMode>(tile, p, ts)) {
+    const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     const int n = w.n;
     const KeyOrder& order = w.order;
@@ -519,8 +399,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   }
   // Tiles whose rows see no key (causal with Sq > Sk, empty key sequences): output 0, lse -inf. After the
   // main loop, so that their branches stay out of it (next_work).
-  for (int tile = blockIdx.x; kTiles && tile < p.num_tiles; tile = next_tile<kMode>(tile, p)) {
-    const TileWork w = uniform_tile_work<kMode>(tile, p);
+  for (int tile = blockIdx.x; kTiles && tile < ts.count; tile = next_tile<kMode>(tile, p)) {
+    const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
     if (w.n == 0) store_output<kMode, true>(ConsumerState<kD>{}, p, w, row_base, g, t);
   }
 }
@@ -554,17 +434,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int stage = idx / (8 * Cfg::kBlockN / 4), word = idx % (8 * Cfg::kBlockN / 4);
     reinterpret_cast<uint32_t*>(sh.v[stage] + C::kTileBytes)[word] = 0x38383838u;
   }
+  const bool compact = has_mode<kMode>(kVarlenMode) && p.compact_tiles;
+  // Every warp runs the scan (a branch on the warp index around its shuffles made ptxas treat the whole
+  // kernel as divergent); warp 0 writes the table.
+  if (compact) build_compact_tiles(sh.seq_tile0, p, threadIdx.x < 32);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
+  // Every lane of every warp is here: the reduction makes the count warp-uniform.
+  const TileSpace ts{compact ? __reduce_max_sync(0xffffffffu, p.heads * sh.seq_tile0[p.batch]) : p.num_tiles,
+                     compact ? sh.seq_tile0 : nullptr};
 
   if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
+    // The varlen producer decodes the compact tile space (tiles.cuh): 24 registers spilled it; 32 + 2 x 240
+    // is the register file of a 384-thread CTA.
+    cutlass::arch::warpgroup_reg_dealloc<has_mode<kMode>(kVarlenMode) ? 32 : Cfg::kProducerRegs>();
+    if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
     // A warp-uniform warpgroup index (broadcast from lane 0) lets the compiler keep the Q descriptor
     // and the barrier ids in uniform registers instead of recomputing them every tile.
-    consumer_loop<kMode, kProbe>(sh, p, __shfl_sync(0xffffffffu, warpgroup - 1, 0));
+    consumer_loop<kMode, kProbe>(sh, p, ts, __shfl_sync(0xffffffffu, warpgroup - 1, 0));
   }
 }
 

@@ -36,6 +36,9 @@ struct KernelParams {
   // goes CTA 0..G-1 when m is even, G-1..0 when odd), which balances tiles of very different lengths;
   // set by the host where (batch, head)-major order would leave the CTAs unevenly loaded.
   bool causal_snake;
+  // kVarlenMode with cu_seqlens and at most kMaxCompactSeqs sequences: the compact tile space
+  // (tiles.cuh); num_tiles is then an upper bound and the kernel counts the tiles itself.
+  bool compact_tiles;
 };
 
 }  // namespace openvc::sm90

@@ -280,6 +280,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);
   kp.causal_snake = params.causal && !varlen && causal_snake_pays(seqs, h, sq, sk, pl.grid);
+  kp.compact_tiles = sh.packed && seqs <= kMaxCompactSeqs;   // tiles.cuh
   if (sh.packed && params.total_q == 0) pl.grid = 0;   // no query row at all
   return Status::Ok();
 }

@@ -73,6 +73,14 @@ TEST(Sm90Modes, PackedEmptyAndCausal) {
   run_case(packed({5, 0, 200, 130}, {0, 100, 130, 300}, 2, true, 4, false));
   run_case(packed({1000, 1, 300}, {1000, 1, 700}, 1, true, 4, true));
   run_case(packed({300, 900}, {700, 900}, 2, true, ref::kNaturalOrder, false));
+  // More sequences than the compact tile space takes (kMaxCompactSeqs = 1024): the slot layout of
+  // max_seqlen_q tiles per sequence, empty slots skipped; and just below the limit, compact.
+  for (int nseq : {1030, 1000}) {
+    std::vector<int> lq(nseq), lk(nseq);
+    for (int i = 0; i < nseq; ++i) lq[i] = i % 7 == 0 ? 0 : 1 + i % 5, lk[i] = i % 11 == 0 ? 0 : 1 + i % 9;
+    lq[3] = 300;   // one longer sequence: the others leave empty slots
+    run_case(packed(lq, lk, 1, nseq == 1000, 4, false));
+  }
 }
 
 TEST(Sm90Modes, KeyCountsPerBatchEntry) {

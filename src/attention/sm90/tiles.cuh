@@ -1,0 +1,202 @@
+// Which tiles a CTA of the sm_90a kernel works on and what each one does: the tile space (every
+// (sequence, head, 128-row query tile); packed sequences compacted so that no tile slot is empty), the
+// persistent CTAs' dealing order, and a tile's query/key ranges and key order (numerics section 5).
+// Computed identically by the producer and the consumers.
+#pragma once
+#include <cstdint>
+
+#include "attention/sm90/config.h"
+#include "attention/sm90/kernel_params.h"
+#include "attention/sm90/mode.h"
+#include "attention/sm90/traversal.h"
+
+namespace openvc::sm90 {
+
+// The launch's tiles. Packed sequences (cu_seqlens, at most kMaxCompactSeqs of them) are compacted:
+// seq_tile0[s] (shared memory) is P_s, the query tiles of the sequences before s, so tile slots exist
+// only where a sequence has rows. A layout of max_seqlen_q tiles per sequence left empty slots between
+// uneven sequences, which the round-robin dealing spread unevenly over the CTAs (modelled: 0.964 of an
+// even load for 40,000 + 25,000 + 8,397 tokens at H = 7; compact 0.989).
+struct TileSpace {
+  int count;                       // tiles of the launch (warp-uniform)
+  const int* seq_tile0 = nullptr;  // compact packed sequences: P_0..P_N, else null
+};
+
+// P_s of every packed sequence into seq_tile0 (all lanes of a warp; `write` for one warp; offsets clamped
+// as in tile_work).
+__device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const KernelParams& p, bool write) {
+  const int lane = threadIdx.x & 31;
+  constexpr unsigned kAll = 0xffffffffu;
+  int carry = 0;
+  for (int s0 = 0; s0 < p.batch; s0 += 32) {
+    const int s = s0 + lane;
+    int x = 0;
+    if (s < p.batch) {
+      const int q0 = min(max(__ldg(p.cu_q + s), 0), p.total_q);
+      const int q1 = min(max(__ldg(p.cu_q + s + 1), q0), p.total_q);
+      x = (q1 - q0 + KernelConfig::kBlockM - 1) / KernelConfig::kBlockM;
+    }
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int y = __shfl_up_sync(kAll, x, d);
+      if (lane >= d) x += y;
+    }
+    if (write && s < p.batch) seq_tile0[s + 1] = carry + x;
+    carry += __shfl_sync(kAll, x, 31);
+  }
+  if (write && lane == 0) seq_tile0[0] = 0;
+}
+
+using Cfg = KernelConfig;
+
+// The largest power of two below kMaxCompactSeqs: the binary search's first step.
+inline constexpr int kCompactSearchSpan = 512;
+static_assert(kCompactSearchSpan * 2 >= kMaxCompactSeqs && kCompactSearchSpan < kMaxCompactSeqs);
+
+struct TileCoord {
+  int b, h, qt;  // b: batch entry or packed sequence
+};
+template <int kMode>
+__device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p, const TileSpace& ts) {
+  // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2. Causal:
+  // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light;
+  // with causal_snake, query-tile-major over every (b, h), heaviest first (next_tile deals them).
+  TileCoord c;
+  int bh;
+  if (has_mode<kMode>(kVarlenMode) && p.compact_tiles) {   // a kernel parameter: a uniform branch
+    // Compact packed sequences: sequence s holds tiles [H P_s, H P_{s+1}), (h, qt) in order; the last
+    // s with H P_s <= tile has a tile there (tile < H P_N).
+    // A fixed number of halving steps with predicated selects: a loop whose trip count depends on the
+    // data would make the consumer loop divergent.
+    int lo = 0;
+#pragma unroll
+    for (int step = kCompactSearchSpan; step > 0; step >>= 1) {
+      const int mid = lo + step;
+      if (mid < p.batch && p.heads * ts.seq_tile0[mid] <= tile) lo = mid;
+    }
+    const int first = ts.seq_tile0[lo], nq = ts.seq_tile0[lo + 1] - first, local = tile - p.heads * first;
+    c.b = lo;
+    c.h = local / nq;
+    c.qt = local - c.h * nq;
+    if constexpr (has_mode<kMode>(kCausalMode)) c.qt = nq - 1 - c.qt;
+    return c;
+  }
+  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
+    const int groups = p.batch * p.heads;
+    c.qt = p.num_q_tiles - 1 - tile / groups;
+    bh = tile % groups;
+  } else {
+    c.qt = tile % p.num_q_tiles;
+    if constexpr (has_mode<kMode>(kCausalMode)) c.qt = p.num_q_tiles - 1 - c.qt;
+    bh = tile / p.num_q_tiles;
+  }
+  c.h = bh % p.heads;
+  c.b = bh / p.heads;
+  return c;
+}
+
+// This CTA's next tile: every gridDim.x-th; causal_snake deals round m of gridDim.x tiles in
+// alternating directions (the rounds stay in order, so the sequence still increases).
+template <int kMode>
+__device__ __forceinline__ int next_tile(int tile, const KernelParams& p) {
+  if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
+    const int g = gridDim.x, m = tile / g + 1;
+    return m * g + ((m & 1) ? g - 1 - int(blockIdx.x) : int(blockIdx.x));
+  }
+  return tile + gridDim.x;
+}
+
+// What one query tile does, computed identically by the producer and the consumers.
+struct TileWork {
+  TileCoord c;
+  int q_row;     // TMA row of the tile's first query (plain: in the [B, Sq] map; varlen: of [total_q])
+  int k_row0;    // varlen: TMA row of the sequence's first key (plain: 0)
+  int sq, sk;    // the sequence's query and key counts
+  int q_out0;    // output token of query row 0 (packed: cu_q[s]; batched: 0)
+  int n;         // key blocks to visit; 0: no visible key (output 0, lse -inf); < 0: no query row here
+  KeyOrder order;
+};
+template <int kMode>
+__device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
+  constexpr bool kVarlen = has_mode<kMode>(kVarlenMode), kCausal = has_mode<kMode>(kCausalMode);
+  TileWork w{decode_tile<kMode>(tile, p, ts), 0, 0, p.seqlen_q, p.seqlen_k, 0, p.num_k_blocks, KeyOrder(0, 1, -1)};
+  const int r0 = w.c.qt * Cfg::kBlockM;
+  w.q_row = r0;
+  if constexpr (kVarlen) {
+    int q0 = w.c.b * p.seqlen_q, k0 = w.c.b * p.seqlen_k;
+    if (p.cu_q != nullptr) {  // clamped to the tensors: no offset reads or writes out of bounds
+      q0 = min(max(__ldg(p.cu_q + w.c.b), 0), p.total_q);
+      w.sq = min(max(__ldg(p.cu_q + w.c.b + 1), q0), p.total_q) - q0;
+      k0 = min(max(__ldg(p.cu_k + w.c.b), 0), p.total_k);
+      w.sk = min(max(__ldg(p.cu_k + w.c.b + 1), k0), p.total_k) - k0;
+      w.q_out0 = q0;
+    }
+    if (p.seqused_k != nullptr) w.sk = min(w.sk, max(__ldg(p.seqused_k + w.c.b), 0));
+    w.sk = min(w.sk, p.num_k_blocks * Cfg::kBlockN);  // keys past the descale / V arrays are never read
+    w.q_row = q0 + r0;
+    w.k_row0 = k0;
+    w.n = (w.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  }
+  if ((kVarlen || kCausal) && r0 >= w.sq) {
+    w.n = -1;
+    return w;
+  }
+  if constexpr (kCausal) {
+    // Blocks the tile's last row sees (numerics section 5), visited from the diagonal down.
+    const int last_key = min(r0 + Cfg::kBlockM, w.sq) - 1 + (w.sk - w.sq);
+    w.n = last_key < 0 ? 0 : min(last_key / Cfg::kBlockN + 1, w.n);
+    w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
+  } else {
+    // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
+    // range) because a 64-bit division is a call, and a call serializes the wgmma pipeline.
+    const int diag = static_cast<int>((uint32_t(w.c.qt) * uint32_t(w.sk)) / uint32_t(w.sq));
+    w.order = KeyOrder(diag, w.n, p.mid_window_blocks);
+  }
+  return w;
+}
+
+// The consumers' copy of a tile's work with every field made visibly warp-uniform. The varlen fields come
+// from loads (offsets, key counts), which ptxas cannot prove equal across the warp: loop bounds derived
+// from them made it treat the whole consumer loop as divergent (R2UR moves, WARPSYNC). redux.sync writes
+// a uniform register, so its result is known uniform. Consumer warps only (the producer is one thread).
+template <int kMode>
+__device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
+  TileWork w = tile_work<kMode>(tile, p, ts);
+  if constexpr (has_mode<kMode>(kVarlenMode)) {
+    constexpr unsigned kAll = 0xffffffffu;
+    w.c.b = __reduce_max_sync(kAll, w.c.b);
+    w.c.h = __reduce_max_sync(kAll, w.c.h);
+    w.c.qt = __reduce_max_sync(kAll, w.c.qt);
+    w.q_row = __reduce_max_sync(kAll, w.q_row);
+    w.k_row0 = __reduce_max_sync(kAll, w.k_row0);
+    w.sq = __reduce_max_sync(kAll, w.sq);
+    w.sk = __reduce_max_sync(kAll, w.sk);
+    w.q_out0 = __reduce_max_sync(kAll, w.q_out0);
+    w.n = __reduce_max_sync(kAll, w.n);
+    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
+  }
+  return w;
+}
+
+// The consumers' tiles: this CTA's tiles that have keys to visit. A tile without keys or query rows is
+// skipped here, before the body, not by a branch inside it: with the branch ptxas treated the whole
+// consumer loop as divergent (WARPSYNC before every wgmma issue, 4x the R2UR moves; packed sequences ran
+// 9% below the same tiles batched). Key-less tiles get their zeros after the main loop.
+template <int kMode>
+__device__ __forceinline__ int next_work(int tile, const KernelParams& p, const TileSpace& ts) {
+  do tile = next_tile<kMode>(tile, p);
+  while ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < ts.count &&
+         uniform_tile_work<kMode>(tile, p, ts).n <= 0);
+  return tile;
+}
+template <int kMode>
+__device__ __forceinline__ int first_work(const KernelParams& p, const TileSpace& ts) {
+  const int tile = blockIdx.x;
+  if ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < ts.count &&
+      uniform_tile_work<kMode>(tile, p, ts).n <= 0)
+    return next_work<kMode>(tile, p, ts);
+  return tile;
+}
+
+
+}  // namespace openvc::sm90
