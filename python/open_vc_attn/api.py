@@ -139,26 +139,28 @@ def _warn_general_path(reason):
 
 
 def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   seqused_k=None, names=("q", "q"), out_dtype=None):
+                   seqused_k=None, names=("q", "q"), out_dtype=None, checked=False):
     """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
     seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
-    heads, for the general path's grid-limit message."""
+    heads, for the general path's grid-limit message. checked: tensors are the fresh outputs of a
+    preparation of checked arguments (attention()), so the ops need not check them again (ops.direct)."""
     from . import ops  # imports torch and registers every custom op, on first use
     qc, kc = tensors[0], tensors[2]
     cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
     sq, sk = (max_q, max_k) if varlen is not None else (qc.shape[-3], kc.shape[-3])
     reason = _general_path_reason(int(qc.shape[-1]), sq, sk)
     if reason is None and varlen is None and seqused_k is None and not causal:
-        out, lse = ops.attention_fp8_op(*tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype)
-    elif reason is None:   # causal, packed sequences, key counts: the fast path's other modes
-        out, lse = ops.attention_fp8_full_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                             mid_window_blocks, return_lse, seqused_k, out_dtype)
+        out, lse = ops.direct.attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype,
+                                            checked=checked)
     else:
-        _warn_general_path(reason)
-        batch = tensors[5].shape[0]   # v_descale [B or N, H]
-        _checks.check_general_grid(batch, tensors[5].shape[1], names, varlen is not None)
-        out, lse = ops.attention_general_op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                            mid_window_blocks, return_lse, seqused_k, out_dtype)
+        if reason is not None:
+            _warn_general_path(reason)
+            batch = tensors[5].shape[0]   # v_descale [B or N, H]
+            _checks.check_general_grid(batch, tensors[5].shape[1], names, varlen is not None)
+        # fast: causal, packed sequences, key counts (the fast path's other modes); else the general path
+        out, lse = ops.direct.attention_sequence(reason is None, tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
+                                                 causal, mid_window_blocks, return_lse, seqused_k, out_dtype,
+                                                 checked=checked)
     if rank == 3 and varlen is None:  # one sequence: drop the batch axis again (views, no copy)
         out, lse = out[0], (lse[0] if return_lse else lse)
     return (out, lse) if return_lse else out
@@ -202,15 +204,15 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
                              "None")
         _checks.check_varlen(q, k, v, *varlen)
         from . import ops
-        tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            seqused_k)
+        tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                seqused_k)
         return PreparedFP8(*tensors, batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q),
                            seqlen_k=int(max_seqlen_k), heads=int(q.shape[1]), head_dim=int(q.shape[2]),
                            input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                            seqused_k=seqused_k)
     q4, k4, v4, rank = _checks.check_tokens(q, k, v)
     from . import ops
-    tensors = ops.prepare_fp8_op(q4, k4, v4, seqused_k)
+    tensors = ops.direct.prepare_fp8(q4, k4, v4, seqused_k)
     b, sq, h, d = (int(s) for s in q4.shape)
     return PreparedFP8(*tensors, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h, head_dim=d,
                        input_rank=rank, dtype=q.dtype, seqused_k=seqused_k)
@@ -304,9 +306,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                                   keep=keep), out_dtype)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
-        from . import ops
-        return _run_attention(ops.prepare_fp8_op(q4, k4, v4, seqused_k), rank, scale, mid, want_lse, causal,
-                              seqused_k=seqused_k, out_dtype=out_dtype)
+        from . import ops   # checked: every argument above (ops.direct skips the ops' second check)
+        return _run_attention(ops.direct.prepare_fp8(q4, k4, v4, seqused_k, checked=True), rank, scale, mid, want_lse,
+                              causal, seqused_k=seqused_k, out_dtype=out_dtype, checked=True)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
                          "seqused_k to cut each sequence's keys)")
@@ -325,6 +327,6 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
                          out_dtype)
     from . import ops
-    tensors = ops.prepare_fp8_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k)
+    tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, checked=True)
     return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k),
-                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype)
+                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype, checked=True)

@@ -64,8 +64,7 @@ def _launch_prepare(q, k, v, outs, packed_fields, seqused_k=None):
         p.seqused_k = seqused_k.data_ptr()
     ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
     p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-    with torch.cuda.device(q.device):  # the C++ side launches on the current device
-        ext.prepare_fp8(p, dev.stream(q.device))
+    dev.enqueue(ext.prepare_fp8, p, q.device)
 
 
 # ---- prepare_fp8 ----------------------------------------------------------------------------------------
@@ -75,14 +74,22 @@ def _prepare_outputs(q, k, alloc):
     return _allocate(fp8_expectations(b, sq, k.shape[1], h, d), alloc)
 
 
-@torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
-def _prepare_fp8(q, k, v, seqused_k=None):
-    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
-    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
+def prepare_cuda(q, k, v, seqused_k=None, checked=False):
+    """The CUDA implementation of prepare_fp8. checked: the caller ran check_tokens and check_seqused_k on
+    these arguments already (open_vc_attn.api, through :mod:`.direct`); the device and alignment checks,
+    which need real tensors, always run."""
+    if not checked:
+        _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+        _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_outputs(q, k, dev.empty(q.device))
     _launch_prepare(q, k, v, outs, None, seqused_k)
     return outs
+
+
+@torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
+def _prepare_fp8(q, k, v, seqused_k=None):
+    return prepare_cuda(q, k, v, seqused_k)
 
 
 @_prepare_fp8.register_fake
@@ -99,17 +106,26 @@ def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc):
     return _allocate(varlen_expectations(nseq, total_q, k.shape[0], h, d, max_seqlen_q, max_seqlen_k), alloc)
 
 
-@torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
-                         schema=_PREPARE_VARLEN_SCHEMA)
-def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
-    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
+def prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                        checked=False):
+    """The CUDA implementation of prepare_fp8_varlen (checked: as in :func:`prepare_cuda`, with check_varlen)."""
+    if checked:
+        nseq = int(cu_seqlens_q.shape[0]) - 1
+    else:
+        nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device))
     _launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                                         cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                                         total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k)
     return outs
+
+
+@torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
+                         schema=_PREPARE_VARLEN_SCHEMA)
+def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
+    return prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
 
 
 @_prepare_fp8_varlen.register_fake
@@ -135,18 +151,35 @@ def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks):
     return dev.set_output(p, out, lse, softmax_scale)
 
 
+def _batched_sizes(tensors):
+    """(B, Sq, Sk, H, D) of a batched preparation whose layout was checked."""
+    qc, kc = tensors[0], tensors[2]
+    b, sq, h, d = qc.shape
+    return int(b), int(sq), int(kc.shape[1]), int(h), int(d)
+
+
+def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False):
+    """The CUDA implementation of attention_fp8. checked: the six tensors' layout and the scalars were
+    checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh outputs); the
+    device and alignment checks always run."""
+    q_codes = tensors[0]
+    if checked:
+        sizes = _batched_sizes(tensors)
+    else:
+        sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
+    dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
+    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device), out_dtype)
+    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
+    dev.enqueue(_ext.load().attention_fp8, p, q_codes.device)
+    return out, lse
+
+
 @torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
                          schema=_ATTENTION_SCHEMA)
 def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
                    mid_window_blocks, return_lse, out_dtype=None):
-    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
-    dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device), out_dtype)
-    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
-    with torch.cuda.device(q_codes.device):
-        _ext.load().attention_fp8(p, dev.stream(q_codes.device))
-    return out, lse
+    return attention_cuda((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
+                          mid_window_blocks, return_lse, out_dtype)
 
 
 @_attention_fp8.register_fake
@@ -179,10 +212,18 @@ def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_
     return packed, sizes
 
 
-def _launch_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                     seqused_k, out_dtype=None):
+def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
+                  seqused_k, out_dtype=None, checked=False):
+    """The CUDA implementation of attention_fp8_full (fast) and attention_general. checked: as in
+    :func:`attention_cuda` (the api checked the preparation, offsets, key counts, range and grid)."""
     qc = tensors[0]
-    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
+    if checked:
+        packed = cu_q is not None
+        sizes = ((int(cu_q.shape[0]) - 1, int(qc.shape[0]), int(tensors[2].shape[0]), int(qc.shape[1]),
+                  int(qc.shape[2])) if packed else _batched_sizes(tensors))
+    else:
+        packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
+                                       seqused_k, fast)
     n, sq, sk, h, d = (int(x) for x in sizes)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
     out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(qc.device), dev.full(qc.device), out_dtype)
@@ -203,8 +244,7 @@ def _launch_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, cau
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
     dev.set_output(p, out, lse if return_lse else None, softmax_scale, out_strides)
-    with torch.cuda.device(qc.device):
-        (ext.attention_fp8 if fast else ext.attention_general)(p, dev.stream(qc.device))
+    dev.enqueue(ext.attention_fp8 if fast else ext.attention_general, p, qc.device)
     return out, lse
 
 
@@ -220,7 +260,7 @@ def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_w
 def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
                        out_dtype=None):
-    return _launch_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+    return sequence_cuda(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
                             return_lse, seqused_k, out_dtype)
 
@@ -239,7 +279,7 @@ def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_
 def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
                         seqused_k=None, out_dtype=None):
-    return _launch_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+    return sequence_cuda(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
                             return_lse, seqused_k, out_dtype)
 

@@ -49,8 +49,7 @@ def _launch(v, fp8, budget, given_rows, tokens, outs):
         p.selection, p.given_rows = ext.RepairSelection.given_tokens, int(given_rows)
     else:
         p.selection, p.budget = ext.RepairSelection.energy, float(budget)
-    with torch.cuda.device(v.device):
-        ext.prepare_v_repair(p, dev.stream(v.device))
+    dev.enqueue(ext.prepare_v_repair, p, v.device)
 
 
 @torch.library.custom_op("open_vc_attn::prepare_v_repair", mutates_args=(), device_types="cuda",
@@ -106,8 +105,7 @@ def _attention_fp8_repair(q_codes, q_descale, k_codes, k_descale, v_packed, v_de
     p = fast_params(fp8, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
     p.repair = dev.params(_ext.load().RepairInputs, rows=rows, k_codes=repair_k_codes.data_ptr(),
                           k_descale=repair_k_descale.data_ptr(), v_packed=repair_v_packed.data_ptr())
-    with torch.cuda.device(q_codes.device):
-        _ext.load().attention_fp8(p, dev.stream(q_codes.device))
+    dev.enqueue(_ext.load().attention_fp8, p, q_codes.device)
     return out, lse
 
 

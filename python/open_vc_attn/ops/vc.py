@@ -36,8 +36,7 @@ def _vc_grouping(v):
     p = dev.params(ext.VcGroupingParams, dtype=dev.dtype_of(v), batch=b, seqlen=s, heads=h, head_dim=d,
                    v=dev.token_view(v), permutation=perm.data_ptr(), workspace=ws.data_ptr(),
                    workspace_bytes=ws.numel())
-    with torch.cuda.device(v.device):
-        ext.vc_grouping(p, dev.stream(v.device))
+    dev.enqueue(ext.vc_grouping, p, v.device)
     return perm
 
 
@@ -67,8 +66,7 @@ def _prepare_vc(q, k, v, permutation):
                    heads=h, head_dim=d, q=dev.token_view(q), k=dev.token_view(k), v=dev.token_view(v),
                    permutation=permutation.data_ptr(), **dict(zip(VC_NAMES, (t.data_ptr() for t in outs))),
                    workspace=ws.data_ptr(), workspace_bytes=ws.numel())   # block_mean stays 0: not written
-    with torch.cuda.device(q.device):
-        ext.vc_prepare(p, dev.stream(q.device))
+    dev.enqueue(ext.vc_prepare, p, q.device)
     return outs
 
 
@@ -92,8 +90,7 @@ def _attention_vc_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_channe
     p = dev.params(_ext.load().VcAttentionParams, in_=dev.fp8_inputs((*tensors[:5], None), *sizes),
                    v_channel_descale=v_channel_descale.data_ptr(), block_mean_scaled=block_mean_scaled.data_ptr())
     dev.set_output(p, out, lse if return_lse else None, softmax_scale)
-    with torch.cuda.device(q_codes.device):
-        _ext.load().attention_vc_fp8(p, dev.stream(q_codes.device))
+    dev.enqueue(_ext.load().attention_vc_fp8, p, q_codes.device)
     return out, lse
 
 
