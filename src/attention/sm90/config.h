@@ -19,6 +19,10 @@ struct TileConfig {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegs = 24;      // setmaxnreg: the TMA warp needs few registers
   static constexpr int kConsumerRegs = 240;
+  // The CTA launches with 65536 / kThreads registers per thread, rounded down to 8 (168 at 384 threads);
+  // setmaxnreg.inc of the consumers never returns if the warpgroups ask for more than that in all.
+  static_assert(128 * (kProducerRegs + kConsumerWarpgroups * kConsumerRegs) <= (65536 / kThreads / 8 * 8) * kThreads,
+                "producer + consumer setmaxnreg counts exceed the registers the CTA is launched with");
   // PV runs with N = D + 8: the V tile carries 8 extra rows of E4M3 1.0, so accumulator columns
   // D..D+7 are the row sum of the same decoded codes that feed PV (numerics section 4), rescaled
   // with the numerator for free.

@@ -228,7 +228,6 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kRepair = has_mode<kMode>(kRepairMode);
   constexpr bool kVc = has_mode<kMode>(kVcMode);
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
-  constexpr bool kTiles = kCausal || has_mode<kMode>(kVarlenMode);  // tiles may be empty or key-less
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -399,7 +398,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   }
   // Tiles whose rows see no key (causal with Sq > Sk, empty key sequences): output 0, lse -inf. After the
   // main loop, so that their branches stay out of it (next_work).
-  for (int tile = blockIdx.x; kTiles && tile < ts.count; tile = next_tile<kMode>(tile, p)) {
+  for (int tile = blockIdx.x; kTilesMayIdle<kMode> && tile < ts.count; tile = next_tile<kMode>(tile, p)) {
     const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
     if (w.n == 0) store_output<kMode, true>(ConsumerState<kD>{}, p, w, row_base, g, t);
   }
@@ -445,9 +444,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                      compact ? sh.seq_tile0 : nullptr};
 
   if (warpgroup == 0) {
-    // The varlen producer decodes the compact tile space (tiles.cuh): 24 registers spilled it; 32 + 2 x 240
-    // is the register file of a 384-thread CTA.
-    cutlass::arch::warpgroup_reg_dealloc<has_mode<kMode>(kVarlenMode) ? 32 : Cfg::kProducerRegs>();
+    // 24 registers also for the varlen producer, whose tile decode spills there (outside the consumers'
+    // loop): setmaxnreg.inc of the consumers waits until the registers given back cover it (config.h).
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();

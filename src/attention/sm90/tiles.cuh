@@ -34,7 +34,9 @@ __device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const Kernel
     if (s < p.batch) {
       const int q0 = min(max(__ldg(p.cu_q + s), 0), p.total_q);
       const int q1 = min(max(__ldg(p.cu_q + s + 1), q0), p.total_q);
-      x = (q1 - q0 + KernelConfig::kBlockM - 1) / KernelConfig::kBlockM;
+      // At most num_q_tiles (max_seqlen_q's): rows past it are not attended (as in the uncompacted
+      // layout and the general path), and the Q descales hold only that many blocks per sequence.
+      x = min((q1 - q0 + KernelConfig::kBlockM - 1) / KernelConfig::kBlockM, p.num_q_tiles);
     }
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -48,6 +50,10 @@ __device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const Kernel
 }
 
 using Cfg = KernelConfig;
+
+// Modes whose tiles may have no query row or no visible key (causal, packed sequences, key counts).
+template <int kMode>
+inline constexpr bool kTilesMayIdle = has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode);
 
 // The largest power of two below kMaxCompactSeqs: the binary search's first step.
 inline constexpr int kCompactSearchSpan = 512;
@@ -137,7 +143,7 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
     w.k_row0 = k0;
     w.n = (w.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
   }
-  if ((kVarlen || kCausal) && r0 >= w.sq) {
+  if (kTilesMayIdle<kMode> && r0 >= w.sq) {
     w.n = -1;
     return w;
   }
@@ -185,14 +191,14 @@ __device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelPara
 template <int kMode>
 __device__ __forceinline__ int next_work(int tile, const KernelParams& p, const TileSpace& ts) {
   do tile = next_tile<kMode>(tile, p);
-  while ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < ts.count &&
+  while (kTilesMayIdle<kMode> && tile < ts.count &&
          uniform_tile_work<kMode>(tile, p, ts).n <= 0);
   return tile;
 }
 template <int kMode>
 __device__ __forceinline__ int first_work(const KernelParams& p, const TileSpace& ts) {
   const int tile = blockIdx.x;
-  if ((has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode)) && tile < ts.count &&
+  if (kTilesMayIdle<kMode> && tile < ts.count &&
       uniform_tile_work<kMode>(tile, p, ts).n <= 0)
     return next_work<kMode>(tile, p, ts);
   return tile;
