@@ -142,7 +142,9 @@ def test_subclasses_real_base_classes(sgl):
 
 
 def test_fallback_is_sglang_sdpa(torch, sgl):
-    impl = make_impl(sgl)
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    # thresholds below the inputs' size, so that the device is the reason for the fallback
+    impl = make_impl(sgl, openvc_policy=DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024))
     ref_impl = sgl.sdpa.SDPAImpl(num_heads=2, head_size=128, causal=False, softmax_scale=128 ** -0.5)
     q, k, v = (rand(torch, 1, 1024, 2, 128, seed=s) for s in range(3))
     sgl.mod.reset_stats()
@@ -229,7 +231,9 @@ def test_forward_varlen_falls_back_per_sequence(torch, sgl, fast_path):
                 assert torch.equal(out[s:e], sdpa.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0])
         assert torch.all(out[bounds[-1]:] == 0)
     assert fast_path == []
-    assert sgl.mod.stats() == {("fallback", "short sequences (max_seqlen_q 300 < 1024)"): 2}
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    floor = DispatchPolicy().min_query_tokens   # the measured default
+    assert sgl.mod.stats() == {("fallback", f"short sequences (max_seqlen_q 300 < {floor})"): 2}
 
 
 def test_forward_varlen_uses_sglangs_own_varlen_where_present(torch, sgl, fast_path):
@@ -366,9 +370,12 @@ def test_gpu_forward_varlen_matches_per_sequence_calls(torch, sgl):
     bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
     cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
     sdpa = sgl.sdpa.SDPAImpl(num_heads=12, head_size=128, causal=False, softmax_scale=128 ** -0.5)
+    from open_vc_attn.integrations.policy import DispatchPolicy
+    small = DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024)   # the longest sequence has 4096 tokens
     for causal in (False, True):
         sgl.mod.reset_stats()
-        out = make_impl(sgl, heads=12, causal=causal).forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=max(lens))
+        impl = make_impl(sgl, heads=12, causal=causal, openvc_policy=small)
+        out = impl.forward_varlen(q, k, v, cu_seqlens=cu, max_seqlen=max(lens))
         assert sgl.mod.stats() == {("openvc", ""): 1}
         for s, e in zip(bounds[:-1], bounds[1:]):
             if e == s:
@@ -384,7 +391,8 @@ def test_gpu_forward_varlen_matches_per_sequence_calls(torch, sgl):
     # short windows (a vision encoder's): SGLang's SDPA per sequence, bit for bit
     short = torch.tensor([0, 256, 256, 700], dtype=torch.int32, device="cuda")
     sgl.mod.reset_stats()
-    out = make_impl(sgl, heads=12).forward_varlen(q[:700], k[:700], v[:700], cu_seqlens=short, max_seqlen=444)
+    out = make_impl(sgl, heads=12, openvc_policy=small).forward_varlen(q[:700], k[:700], v[:700], cu_seqlens=short,
+                                                                      max_seqlen=444)
     assert sgl.mod.stats() == {("fallback", "short sequences (max_seqlen_q 444 < 1024)"): 1}
     for s, e in ((0, 256), (256, 700)):
         assert torch.equal(out[s:e], sdpa.forward(q[None, s:e], k[None, s:e], v[None, s:e], None)[0])
