@@ -6,10 +6,10 @@ Times open_vc_attn.attention (quantization included, as the integrations call it
 scaled_dot_product_attention in BF16 (what diffusers' "native" backend and SGLang's SDPA backend run), for
 self-attention at growing sequence lengths and for cross-attention of a 32,760-token video to a growing
 number of keys. Prints the speedup per size and the smallest self-attention length and key count from
-which openvc is faster. The default policy (open_vc_attn.integrations.policy.DEFAULT_POLICY) uses the
-crossover of the committed run of this script (policy.CROSSOVER_RECORD: 16,384 query tokens, 4,096 keys);
-pass other thresholds with DispatchPolicy(min_query_tokens=..., min_key_tokens=...).
-scripts/device/dispatch_floor.py measures the whole (Sq, Sk) grid at several head counts.
+which openvc is faster. The default policy (open_vc_attn.integrations.policy.DEFAULT_POLICY) uses the crossover that
+scripts/device/dispatch_floor.py measured over the whole (Sq, Sk) grid at 12, 24 and 40 heads
+(policy.CROSSOVER_RECORD: 4,096 query tokens, 4,096 keys); pass other thresholds with
+DispatchPolicy(min_query_tokens=..., min_key_tokens=...).
 """
 from __future__ import annotations
 
