@@ -161,7 +161,12 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
         out, lse = ops.direct.attention_sequence(reason is None, tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                  causal, mid_window_blocks, return_lse, seqused_k, out_dtype,
                                                  checked=checked)
-    if rank == 3 and varlen is None:  # one sequence: drop the batch axis again (views, no copy)
+    return _finish(out, lse, rank if varlen is None else 4, return_lse)
+
+
+def _finish(out, lse, rank, return_lse):
+    """The call's result: rank 3 (one sequence) drops the batch axis again (views, no copy)."""
+    if rank == 3:
         out, lse = out[0], (lse[0] if return_lse else lse)
     return (out, lse) if return_lse else out
 
@@ -307,6 +312,12 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         from . import ops   # checked: every argument above (ops.direct skips the ops' second check)
+        if _general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk) is None and \
+                ops.direct.eager(q4, k4, v4, seqused_k):
+            # eager on the fast path: two launches, the FP8 intermediates in one scratch allocation
+            with ops.direct.named("open_vc_attn::attention"):
+                out, lse = ops.oneshot.attention(q4, k4, v4, seqused_k, scale, causal, mid, want_lse, out_dtype)
+            return _finish(out, lse, rank, want_lse)
         return _run_attention(ops.direct.prepare_fp8(q4, k4, v4, seqused_k, checked=True), rank, scale, mid, want_lse,
                               causal, seqused_k=seqused_k, out_dtype=out_dtype, checked=True)
     if key_padding_mask is not None:

@@ -24,7 +24,7 @@ OPENVC = "openvc"
 FALLBACK = "fallback"
 
 # The measurement DispatchPolicy's defaults come from (repository path; a test checks the two agree).
-CROSSOVER_RECORD = "bench/results/2026-12-01-h200-compact-packed/dispatch_floor.json"
+CROSSOVER_RECORD = "bench/results/2026-12-01-h200-compact-packed/dispatch_floor_oneshot.json"
 
 _DTYPES = ("torch.bfloat16", "torch.float16")
 _MASK_DTYPES = ("torch.bool", "torch.bfloat16", "torch.float16", "torch.float32")
@@ -37,11 +37,11 @@ class DispatchPolicy:
     min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
     framework. The defaults are the measured crossover against torch SDPA in BF16 on an H200 (D = 128, eager
     calls as a framework makes them; `scripts/device/check.sh dispatch-floor`, record
-    bench/results/2026-12-01-h200-compact-packed/dispatch_floor.json): over the (Sq, Sk) grid from 256 to
+    bench/results/2026-12-01-h200-compact-packed/dispatch_floor_oneshot.json): over the (Sq, Sk) grid from 256 to
     65,536 at 12, 24 and 40 heads, every call with at least 4,096 queries and 4,096 keys ran faster on
     openvc (self-attention at 4,096 tokens: 1.02x / 1.20x / 1.21x at 12 / 24 / 40 heads; 2,048: 0.24-0.54x),
     the rectangle that holds the most of the grid's work (94%). Below, quantization and openvc's fixed
-    per-call host cost (about 0.28 ms eager, SDPA's 0.05 ms) do not pay, and text cross-attention (Wan: 512
+    per-call host cost (about 0.18 ms eager, SDPA's 0.05 ms) do not pay, and text cross-attention (Wan: 512
     text tokens, 257 image tokens) stays on the framework.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     """

@@ -15,11 +15,12 @@ and never synchronize; their fake implementations run the same argument checks
 (:mod:`open_vc_attn._checks`) and give the same shapes, dtypes and strides, which is what torch.compile
 and torch.library.opcheck need. The names below are the registered overloads, which torch.compile puts
 in its graph as they are. Most users want :mod:`open_vc_attn.api` instead, whose eager calls run the
-same CUDA implementations without the dispatcher hop (:mod:`.direct`).
+same CUDA implementations without the dispatcher hop (:mod:`.direct`; :mod:`.oneshot` for the fast path's
+batched calls, with the FP8 intermediates in one scratch allocation).
 """
 import torch
 
-from . import direct, fp8, repair, vc  # noqa: F401  (registers the ops; direct: api's eager calls)
+from . import direct, fp8, oneshot, repair, vc  # noqa: F401  (registers the ops; direct, oneshot: api's eager calls)
 
 __all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_fp8_full_op", "attention_general_op",
            "prepare_v_repair_op", "build_v_repair_op", "attention_fp8_repair_op", "vc_grouping_op",

@@ -38,7 +38,7 @@ def eager(*tensors) -> bool:
     return True
 
 
-def _named(op):
+def named(op):
     """The op's name as a profiler range while the profiler runs (else no context at all)."""
     return torch.profiler.record_function(op) if _C._autograd._profiler_enabled() else contextlib.nullcontext()
 
@@ -47,7 +47,7 @@ def prepare_fp8(q, k, v, seqused_k=None, checked=False):
     """``open_vc_attn::prepare_fp8``: the six prepared tensors."""
     if not eager(q, k, v, seqused_k):
         return torch.ops.open_vc_attn.prepare_fp8.default(q, k, v, seqused_k)
-    with _named("open_vc_attn::prepare_fp8"):
+    with named("open_vc_attn::prepare_fp8"):
         return fp8.prepare_cuda(q, k, v, seqused_k, checked=checked)
 
 
@@ -55,7 +55,7 @@ def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, checke
     """``open_vc_attn::prepare_fp8_varlen``: the six prepared tensors of packed sequences."""
     if not eager(q, k, v, cu_q, cu_k, seqused_k):
         return torch.ops.open_vc_attn.prepare_fp8_varlen.default(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k)
-    with _named("open_vc_attn::prepare_fp8_varlen"):
+    with named("open_vc_attn::prepare_fp8_varlen"):
         return fp8.prepare_varlen_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, checked=checked)
 
 
@@ -64,7 +64,7 @@ def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dty
     if not eager(*tensors):
         return torch.ops.open_vc_attn.attention_fp8.default(*tensors, softmax_scale, mid_window_blocks, return_lse,
                                                             out_dtype)
-    with _named("open_vc_attn::attention_fp8"):
+    with named("open_vc_attn::attention_fp8"):
         return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, checked=checked)
 
 
@@ -76,6 +76,6 @@ def attention_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, c
         op = getattr(torch.ops.open_vc_attn, name).default
         return op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
                   out_dtype)
-    with _named("open_vc_attn::" + name):
+    with named("open_vc_attn::" + name):
         return fp8.sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
                                  return_lse, seqused_k, out_dtype, checked=checked)

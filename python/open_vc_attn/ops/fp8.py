@@ -45,9 +45,11 @@ def _allocate(expectations, alloc):
     return tuple(alloc(shape, getattr(torch, dtype)) for _, shape, dtype in expectations)
 
 
-def _launch_prepare(q, k, v, outs, packed_fields, seqused_k=None):
+def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None):
     """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched);
-    seqused_k: optional int32 key counts (keys past them are padding)."""
+    seqused_k: optional int32 key counts (keys past them are padding); outs: the six outputs (tensors, or
+    anything with data_ptr()); workspace: (pointer, bytes) of prepare_workspace_bytes scratch, or None to
+    allocate it."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
@@ -62,8 +64,10 @@ def _launch_prepare(q, k, v, outs, packed_fields, seqused_k=None):
         groups = p.num_seqs
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
-    ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+    if workspace is None:
+        ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
+        workspace = ws.data_ptr(), ws.numel()
+    p.workspace, p.workspace_bytes = workspace
     dev.enqueue(ext.prepare_fp8, p, q.device)
 
 
@@ -83,7 +87,7 @@ def prepare_cuda(q, k, v, seqused_k=None, checked=False):
         _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_outputs(q, k, dev.empty(q.device))
-    _launch_prepare(q, k, v, outs, None, seqused_k)
+    launch_prepare(q, k, v, outs, None, seqused_k)
     return outs
 
 
@@ -116,7 +120,7 @@ def prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
         _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device))
-    _launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+    launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                                         cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
                                         total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k)
     return outs
@@ -168,9 +172,15 @@ def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dt
     else:
         sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    out, lse = attention_outputs(q_codes, return_lse, dev.empty(q_codes.device), out_dtype)
+    return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype)
+
+
+def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None):
+    """The dense fast path on a checked batched preparation (tensors, or anything with data_ptr() and a
+    q_codes shape): allocates (out, lse) and enqueues the kernel."""
+    out, lse = attention_outputs(tensors[0], return_lse, dev.empty(device), out_dtype)
     p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
-    dev.enqueue(_ext.load().attention_fp8, p, q_codes.device)
+    dev.enqueue(_ext.load().attention_fp8, p, device)
     return out, lse
 
 
@@ -224,9 +234,17 @@ def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal
     else:
         packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
                                        seqused_k, fast)
-    n, sq, sk, h, d = (int(x) for x in sizes)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
-    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(qc.device), dev.full(qc.device), out_dtype)
+    return enqueue_sequence(fast, tensors, packed, sizes, qc.device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                            mid_window_blocks, return_lse, seqused_k, out_dtype)
+
+
+def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                     mid_window_blocks, return_lse, seqused_k, out_dtype=None):
+    """attention_fp8_full (fast) or attention_general on checked arguments (tensors: as in
+    :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel."""
+    n, sq, sk, h, d = (int(x) for x in sizes)
+    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
     ext = _ext.load()
     p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
                    mid_window_blocks=int(mid_window_blocks))
@@ -244,7 +262,7 @@ def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
     dev.set_output(p, out, lse if return_lse else None, softmax_scale, out_strides)
-    dev.enqueue(ext.attention_fp8 if fast else ext.attention_general, p, qc.device)
+    dev.enqueue(ext.attention_fp8 if fast else ext.attention_general, p, device)
     return out, lse
 
 
