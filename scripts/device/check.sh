@@ -38,6 +38,8 @@
 #   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
 #                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
 #                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).
+#   host-breakdown    scripts/device/host_breakdown.py: host time of each step of one eager attention() call
+#                     (Sq = Sk = 256, H = 12) against SDPA; $OUT/host_breakdown.json.
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
@@ -280,6 +282,12 @@ step_dispatch_floor() {
      ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -120; exit $r)
 }
 
+step_host_breakdown() {
+  step_install || return 1
+  (cd /tmp && timeout 120 "$PY" "$REPO/scripts/device/host_breakdown.py" 2>&1 | grep -v Warn | tee "$OUT/host-breakdown.log";
+   exit "${PIPESTATUS[0]}")
+}
+
 step_ulysses() {
   step_install || return 1
   local n
@@ -295,7 +303,7 @@ STEPS=()
 while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
-PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor ulysses "
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 for s in "${STEPS[@]}"; do
   case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
