@@ -55,6 +55,29 @@ struct HeadQuantized {
 Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out);
 Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out);
 
+// ---- Section 9: INT8 Q/K mode (CPU reference only; the kernel and the Python API lack it) --------
+// Q/K score format. kE4M3 is sections 1-2; kInt8 is section 9 (V, P and the softmax are unchanged).
+enum class QkFormat { kE4M3, kInt8 };
+inline constexpr float kInt8Max = 127.0f;
+int8_t int8_encode(float x);  // clamp(rne(x), -127, 127) (rne: ties to even), NaN -> 0, -0 -> 0
+// Symmetric INT8 groups: scale_inv = amax > 0 ? 127 / amax : 0, descale = amax / 127 (both 0 where
+// 127 / amax is not finite), code = clamp(rne(fl(x * scale_inv)), -127, 127), NaN -> 0.
+struct Int8Quantized {
+  std::vector<int8_t> codes;   // [total_tokens, H, D], each in [-127, 127]; padding tokens 0
+  std::vector<float> descale;  // [nseq, H, groups]; 0 for all-zero or tiny groups and past a sequence's end
+  int groups = 0;              // groups per (sequence, head): max_length() (Q rows) or max_blocks() (K)
+  int group_tokens = 0;        // tokens per group: 1 (Q, one per row) or kQuantBlock (K)
+  std::vector<float> mean;     // K with smoothing: [nseq, H, D] channel means subtracted; else empty
+};
+// Q: one group per (sequence, head, token row) over its D channels.
+Status quantize_int8_rows(const float* x, const Sequences& seqs, Int8Quantized* out);
+// K: one group per (sequence, head, 128-key block); a final partial block holds its valid keys.
+// smoothing: first k' = fl(k - mean_c), mean_c = (float)(sequential double sum of k_jc over the valid
+// keys) / (float)count, per (sequence, head, channel). key_counts (optional, one per sequence, clamped
+// to [0, length]): keys at or past the count are padding, left out of the means and maxima, coded 0.
+Status quantize_int8_blocks(const float* x, const Sequences& seqs, bool smoothing, Int8Quantized* out,
+                            const int* key_counts = nullptr);
+
 // ---- Section 3: ExpCast codes -------------------------------------------------------------------
 // Multiplier of one (query block, key block) pair, in the kernel's operation order:
 //   a = ((8 * log2e) * softmax_scale) * descale_q) * descale_k      (FP32 products, left to right)
@@ -102,9 +125,16 @@ Status select_v_repair(const float* v, const Sequences& seqs, const HeadQuantize
 
 struct PreparedInputs {
   Sequences q_seqs, k_seqs;     // same count and head configuration
-  BlockQuantized q, k;
+  QkFormat qk_format = QkFormat::kE4M3;
+  BlockQuantized q, k;          // qk_format == kE4M3 (left empty for kInt8)
+  Int8Quantized q8, k8;         // qk_format == kInt8: per-row Q, per-block K (section 9)
   HeadQuantized v;
   const VRepair* repair = nullptr;   // optional, visited after every original block
+};
+
+struct PrepareOptions {
+  QkFormat qk_format = QkFormat::kE4M3;
+  bool k_smoothing = false;     // kInt8 only (section 9); InvalidArgument with kE4M3
 };
 
 struct AttentionResult {
@@ -115,7 +145,12 @@ struct AttentionResult {
 };
 
 Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
-                      const Sequences& k_seqs, PreparedInputs* out);
+                      const Sequences& k_seqs, PreparedInputs* out);   // E4M3 Q/K (PrepareOptions{})
+Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                      const Sequences& k_seqs, const PrepareOptions& opt, PreparedInputs* out);
+// attention_expcast runs sections 2-6 on either format: with kInt8 the scores are the exact integer
+// dot products of the INT8 codes and the multiplier of (row i, key block b) is
+// expcast_multiplier(tau, q8.descale[row i], k8.descale[b]); everything else is shared.
 Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, AttentionResult* res);
 
 // Exact softmax attention in FP64 on the original (unquantized) inputs, output [total_q, H, D].

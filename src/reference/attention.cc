@@ -1,8 +1,10 @@
-// Sections 2-6: prepared FP8 inputs and the ExpCast online-softmax attention (the kernel's oracle).
+// Sections 2-6 and 9: prepared FP8 (or INT8 Q/K) inputs and the ExpCast online-softmax attention
+// (the kernel's oracle).
 //
 // Oracle choices, where the kernel's arithmetic is the hardware's rather than the contract's:
 // - Q8.K8 uses the ideal accumulator: the exact sum of the FP8 products (exact in double whatever
-//   the order, see internal::ideal_dot) rounded once to FP32.
+//   the order, see internal::ideal_dot) rounded once to FP32. With INT8 Q/K (section 9) the same
+//   code computes the exact integer dot product, which FP32 holds exactly (|acc| < 2^24 for D <= 1040).
 // - The numerator A and the denominator l are kept in double, so the reference's own summation
 //   error is far below the kernel's FP32 accumulation error that tests bound.
 // Everything that decides a byte (multiplier, tile max, bias, FMA, rounding, rescale factor) is FP32
@@ -25,23 +27,50 @@ Status check_size(const char* what, size_t got, size_t expected) {
                          std::to_string(got));
 }
 
+// INT8 operands (section 9): group layout, sizes, and codes in [-127, 127] (the score bound needs it).
+Status check_int8(const char* name, const Int8Quantized& x, int group_tokens, int groups, size_t codes,
+                  size_t heads) {
+  const std::string n = name;
+  if (x.group_tokens != group_tokens) {
+    return Status::Invalid(n + ".group_tokens: expected " + std::to_string(group_tokens) + ", got " +
+                           std::to_string(x.group_tokens));
+  }
+  if (x.groups != groups) {
+    return Status::Invalid(n + ".groups: expected " + std::to_string(groups) + ", got " + std::to_string(x.groups));
+  }
+  OPENVC_RETURN_IF_ERROR(check_size((n + ".codes").c_str(), x.codes.size(), codes));
+  OPENVC_RETURN_IF_ERROR(check_size((n + ".descale").c_str(), x.descale.size(), heads * groups));
+  for (size_t i = 0; i < x.codes.size(); ++i) {
+    if (x.codes[i] < -127) return Status::Invalid(n + ".codes[" + std::to_string(i) + "]: -128 is not a code");
+  }
+  return Status::Ok();
+}
+
 Status check_prepared(const PreparedInputs& in) {
   OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(in.q_seqs, in.k_seqs));
   const size_t nseq = in.q_seqs.count(), H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
   const size_t tq = in.q_seqs.total_tokens(), tk = in.k_seqs.total_tokens();
-  if (in.q.max_blocks != in.q_seqs.max_blocks()) {
-    return Status::Invalid("in.q.max_blocks: expected " + std::to_string(in.q_seqs.max_blocks()) +
-                           " (q_seqs.max_blocks()), got " + std::to_string(in.q.max_blocks));
+  if (in.qk_format == QkFormat::kInt8) {
+    OPENVC_RETURN_IF_ERROR(check_int8("in.q8", in.q8, 1, in.q_seqs.max_length(), tq * H * D, nseq * H));
+    OPENVC_RETURN_IF_ERROR(check_int8("in.k8", in.k8, kQuantBlock, in.k_seqs.max_blocks(), tk * H * D, nseq * H));
+  } else if (in.qk_format == QkFormat::kE4M3) {
+    if (in.q.max_blocks != in.q_seqs.max_blocks()) {
+      return Status::Invalid("in.q.max_blocks: expected " + std::to_string(in.q_seqs.max_blocks()) +
+                             " (q_seqs.max_blocks()), got " + std::to_string(in.q.max_blocks));
+    }
+    if (in.k.max_blocks != in.k_seqs.max_blocks()) {
+      return Status::Invalid("in.k.max_blocks: expected " + std::to_string(in.k_seqs.max_blocks()) +
+                             " (k_seqs.max_blocks()), got " + std::to_string(in.k.max_blocks));
+    }
+    OPENVC_RETURN_IF_ERROR(check_size("in.q.codes", in.q.codes.size(), tq * H * D));
+    OPENVC_RETURN_IF_ERROR(check_size("in.k.codes", in.k.codes.size(), tk * H * D));
+    OPENVC_RETURN_IF_ERROR(check_size("in.q.descale", in.q.descale.size(), nseq * H * in.q.max_blocks));
+    OPENVC_RETURN_IF_ERROR(check_size("in.k.descale", in.k.descale.size(), nseq * H * in.k.max_blocks));
+  } else {
+    return Status::Invalid("in.qk_format: expected QkFormat::kE4M3 or QkFormat::kInt8, got " +
+                           std::to_string(static_cast<int>(in.qk_format)));
   }
-  if (in.k.max_blocks != in.k_seqs.max_blocks()) {
-    return Status::Invalid("in.k.max_blocks: expected " + std::to_string(in.k_seqs.max_blocks()) +
-                           " (k_seqs.max_blocks()), got " + std::to_string(in.k.max_blocks));
-  }
-  OPENVC_RETURN_IF_ERROR(check_size("in.q.codes", in.q.codes.size(), tq * H * D));
-  OPENVC_RETURN_IF_ERROR(check_size("in.k.codes", in.k.codes.size(), tk * H * D));
   OPENVC_RETURN_IF_ERROR(check_size("in.v.codes", in.v.codes.size(), tk * H * D));
-  OPENVC_RETURN_IF_ERROR(check_size("in.q.descale", in.q.descale.size(), nseq * H * in.q.max_blocks));
-  OPENVC_RETURN_IF_ERROR(check_size("in.k.descale", in.k.descale.size(), nseq * H * in.k.max_blocks));
   OPENVC_RETURN_IF_ERROR(check_size("in.v.descale", in.v.descale.size(), nseq * H));
   if (const VRepair* r = in.repair) {
     OPENVC_RETURN_IF_ERROR(check_size("in.repair->count", r->count.size(), nseq * H));
@@ -99,15 +128,23 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const int64_t stride = static_cast<int64_t>(H) * D;
   const int bt = opt.key_tile;
   const size_t g = static_cast<size_t>(s) * H + h;
-  const float* dq = &in.q.descale[g * in.q.max_blocks];
-  const float* dk = &in.k.descale[g * in.k.max_blocks];
+  // The one difference between the formats: the operands (E4M3 decoded, or INT8 integers) and the Q
+  // scale group (a 128-row block, or the row itself). Q descale of row i: dq[i / q_group].
+  const bool int8 = in.qk_format == QkFormat::kInt8;
+  const int q_group = int8 ? 1 : kQuantBlock;
+  const float* dq = int8 ? &in.q8.descale[g * in.q8.groups] : &in.q.descale[g * in.q.max_blocks];
+  const float* dk = int8 ? &in.k8.descale[g * in.k8.groups] : &in.k.descale[g * in.k.max_blocks];
   const double dv = in.v.descale[g];
   const int max_q = in.q_seqs.max_length();
   float* lse = res->lse.data() + g * max_q;
 
   // Decode once per group and reuse for every tile (the dot products dominate the run time).
-  const std::vector<double> Q = internal::decode_rows(in.q.codes.data() + q0 * stride + h * D, sq, stride, D);
-  const std::vector<double> K = internal::decode_rows(in.k.codes.data() + k0 * stride + h * D, sk, stride, D);
+  const std::vector<double> Q =
+      int8 ? internal::int8_rows(in.q8.codes.data() + q0 * stride + h * D, sq, stride, D)
+           : internal::decode_rows(in.q.codes.data() + q0 * stride + h * D, sq, stride, D);
+  const std::vector<double> K =
+      int8 ? internal::int8_rows(in.k8.codes.data() + k0 * stride + h * D, sk, stride, D)
+           : internal::decode_rows(in.k.codes.data() + k0 * stride + h * D, sk, stride, D);
   const std::vector<double> V = internal::decode_rows(in.v.codes.data() + k0 * stride + h * D, sk, stride, D);
   const std::vector<double> KP = internal::key_panels(K.data(), sk, D);
   const VRepair* rep = in.repair;
@@ -148,7 +185,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         const int64_t jv = opt.causal ? std::min<int64_t>(j1, i + (sk - sq) + 1) : j1;
         if (jv <= j0) return;  // whole block masked for this row: no max update, all codes 0
         RowState& st = rows[r];
-        const float a = expcast_multiplier(tau, dq[i / kQuantBlock], dk[b]);
+        const float a = expcast_multiplier(tau, dq[i / q_group], dk[b]);
         float tile_max = kNegInf;
         for (int64_t j = j0; j < jv; ++j) {
           acc[j - j0] = static_cast<float>(sums[j - j0]);  // the ideal accumulator: one rounding
@@ -197,7 +234,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         const int64_t i = r0 + r;
         if (internal::key_masked(i, t, sq, sk, opt.causal)) continue;
         RowState& st = rows[r];
-        const float a = expcast_multiplier(tau, dq[i / kQuantBlock], dk[t / kQuantBlock]);
+        const float a = expcast_multiplier(tau, dq[i / q_group], dk[t / kQuantBlock]);
         const float p = decode_table[expcast_code(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
         if (p == 0.0f) continue;
         const double* rt = &R[static_cast<size_t>(k) * D];
@@ -226,7 +263,19 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
 
 Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
                       const Sequences& k_seqs, PreparedInputs* out) {
+  return prepare_inputs(q, k, v, q_seqs, k_seqs, PrepareOptions{}, out);
+}
+
+Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
+                      const Sequences& k_seqs, const PrepareOptions& opt, PreparedInputs* out) {
   OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(q_seqs, k_seqs));
+  if (opt.qk_format != QkFormat::kE4M3 && opt.qk_format != QkFormat::kInt8) {
+    return Status::Invalid("opt.qk_format: expected QkFormat::kE4M3 or QkFormat::kInt8, got " +
+                           std::to_string(static_cast<int>(opt.qk_format)));
+  }
+  if (opt.k_smoothing && opt.qk_format != QkFormat::kInt8) {
+    return Status::Invalid("opt.k_smoothing: only defined for QkFormat::kInt8 (numerics section 9)");
+  }
   if (out == nullptr) return Status::Invalid("out must not be null");
   if (q == nullptr && q_seqs.total_tokens() > 0) return Status::Invalid("q must not be null");
   if (k == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("k must not be null");
@@ -234,8 +283,16 @@ Status prepare_inputs(const float* q, const float* k, const float* v, const Sequ
   out->q_seqs = q_seqs;
   out->k_seqs = k_seqs;
   out->repair = nullptr;
-  OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &out->q));
-  OPENVC_RETURN_IF_ERROR(quantize_blocks(k, k_seqs, &out->k));
+  out->qk_format = opt.qk_format;
+  out->q = out->k = BlockQuantized{};
+  out->q8 = out->k8 = Int8Quantized{};
+  if (opt.qk_format == QkFormat::kInt8) {
+    OPENVC_RETURN_IF_ERROR(quantize_int8_rows(q, q_seqs, &out->q8));
+    OPENVC_RETURN_IF_ERROR(quantize_int8_blocks(k, k_seqs, opt.k_smoothing, &out->k8));
+  } else {
+    OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &out->q));
+    OPENVC_RETURN_IF_ERROR(quantize_blocks(k, k_seqs, &out->k));
+  }
   OPENVC_RETURN_IF_ERROR(quantize_heads(v, k_seqs, &out->v));
   return Status::Ok();
 }

@@ -24,6 +24,10 @@ inline bool key_masked(int64_t i, int64_t j, int64_t sq, int64_t sk, bool causal
 // Result is [tokens, head_dim] in double, the operand type of ideal_dot.
 std::vector<double> decode_rows(const uint8_t* base, int64_t tokens, int64_t stride, int head_dim);
 
+// The INT8 rows of one (sequence, head) as doubles (section 9): every product of two codes is an
+// integer below 2^14 in magnitude, so dot products (ideal_dot, block_dots2) are exact integers too.
+std::vector<double> int8_rows(const int8_t* base, int64_t tokens, int64_t stride, int head_dim);
+
 // The "ideal accumulator" of an FP8 x FP8 dot product: every E4M3 value is a multiple of 2^-9 below
 // 2^9, so each product is a multiple of 2^-18 below 2^18 and any sum of fewer than 2^17 of them is
 // exact in double whatever the order. Rounding that exact sum once to float gives the correctly
