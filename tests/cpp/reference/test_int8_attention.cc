@@ -370,6 +370,62 @@ TEST(Int8Attention, EmptyRowsAndZeroRepair) {
   EXPECT_EQ(r.lse, rr.lse);
 }
 
+// docs/numerics.md "Non-finite input" holds in INT8 mode too (with smoothing, whose means are per
+// (sequence, head)): a NaN or Inf in Q, K or V changes no output of another (sequence, head), bit for bit.
+TEST(Int8Attention, NonFiniteInputStaysInItsSequenceAndHead) {
+  for (int which = 0; which < 3; ++which) {
+    for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      Problem p = normal_problem({300, 200}, {300, 200}, 3, 32, 21);
+      const AttentionResult clean = [&] {
+        AttentionResult r;
+        EXPECT_TRUE(attention_expcast(prepare(p, QkFormat::kInt8, true), AttentionOptions{}, &r).ok());
+        return r;
+      }();
+      std::vector<float>& x = which == 0 ? p.q : which == 1 ? p.k : p.v;
+      const int H = 3, D = 32, tok = 300 + 150;  // sequence 1, token 150, head 2
+      x[(static_cast<size_t>(tok) * H + 2) * D + 5] = value;
+      AttentionResult got;
+      ASSERT_TRUE(attention_expcast(prepare(p, QkFormat::kInt8, true), AttentionOptions{}, &got).ok());
+      int64_t changed = 0, nonfinite_q_row = 0;
+      for (int t = 0; t < 500; ++t)
+        for (int h = 0; h < H; ++h)
+          for (int c = 0; c < D; ++c) {
+            const size_t i = (static_cast<size_t>(t) * H + h) * D + c;
+            if (t >= 300 && h == 2) {
+              if (t == tok && !std::isfinite(got.out[i])) ++nonfinite_q_row;
+              continue;  // the (sequence, head) that holds the value
+            }
+            changed += std::memcmp(&got.out[i], &clean.out[i], sizeof(float)) != 0;
+          }
+      EXPECT_EQ(changed, 0) << "input " << which << " value " << value;
+      // A NaN in Q codes 0 (section 9): that row stays finite, unlike the E4M3 fast path.
+      if (which == 0 && std::isnan(value)) EXPECT_EQ(nonfinite_q_row, 0);
+    }
+  }
+}
+
+// Huge scores (q, k near 3e3: row maxima past 2^23 code units) take section 3's one-ulp slack in INT8
+// mode too: every row's maximum still codes 120, so outputs and lse stay finite.
+TEST(Int8Attention, HugeScoresStayFinite) {
+  Problem p = normal_problem({200}, {260}, 2, 64, 31, 3000.0f);
+  for (bool smoothing : {false, true}) {
+    const PreparedInputs in = prepare(p, QkFormat::kInt8, smoothing);
+    AttentionResult r;
+    ASSERT_TRUE(attention_expcast(in, AttentionOptions{}, &r).ok());
+    float max_m = 0;
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 200; ++i) {
+        const Row want = contract_row(in, AttentionOptions{}, 0, h, i);
+        ASSERT_TRUE(std::isfinite(want.lse));
+        ASSERT_EQ(std::memcmp(&r.lse[h * 200 + i], &want.lse, sizeof(float)), 0) << "head " << h << " row " << i;
+        max_m = std::max(max_m, r.lse[h * 200 + i]);
+      }
+    for (float o : r.out) ASSERT_TRUE(std::isfinite(o));
+    EXPECT_GT(max_m * 8.0f / std::log(2.0f), 8388608.0f);  // lse ~ ln2 * M / 8: M past 2^23 code units
+  }
+}
+
+
 TEST(Int8Attention, BadArgumentsNameTheArgument) {
   const Problem p = normal_problem({130}, {130}, 2, 16, 5);
   PreparedInputs in;
