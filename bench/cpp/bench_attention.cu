@@ -1,7 +1,7 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8]
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -173,6 +173,39 @@ int main(int argc, char** argv) {
               "%.0f GB/s) | complete %.3f ms (+%.2f%% over attention)\n",
               S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, prep_gbs, 100.0 * prep_gbs / copy_gbs, copy_gbs,
               t_full, 100.0 * (t_full / t_attn - 1.0));
+  if (argc > 6 && std::string(argv[6]) == "int8") {
+    // The INT8 Q/K mode (numerics section 9) against the E4M3 mode on the same BF16 inputs, alternating
+    // (attention kernel and complete call, CUDA graphs, medians of `rounds`).
+    uint8_t *qc8, *kc8;
+    float *qs8, *ks8;
+    CHECK_CUDA(cudaMalloc(&qc8, n));
+    CHECK_CUDA(cudaMalloc(&kc8, n));
+    CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
+    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * 4));
+    openvc::PrepareParams pp8 = pp;
+    pp8.qk_format = openvc::QkFormat::kInt8;
+    pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
+    openvc::AttentionParams ap8 = ap;
+    ap8.in.qk_format = openvc::QkFormat::kInt8;
+    ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    CHECK_OK(openvc::prepare_fp8(pp8, s));
+    CHECK_OK(openvc::attention_fp8(ap8, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    for (int r = 0; r < 3; ++r) {
+      const float e4 = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
+      const float i8 = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8, s)); }, s, rounds, reps);
+      const float i8_full = graph_median_ms([&] {
+        CHECK_OK(openvc::prepare_fp8(pp8, s));
+        CHECK_OK(openvc::attention_fp8(ap8, s));
+      }, s, rounds, reps);
+      std::printf("  int8 round %d: attention e4m3 %.1f TFLOP/s, int8 %.1f TFLOP/s (int8/e4m3 %.3f); int8 complete "
+                  "%.1f TFLOP/s\n", r, flop / e4 * 1e-9, flop / i8 * 1e-9, e4 / i8, flop / i8_full * 1e-9);
+    }
+    CHECK_CUDA(cudaFree(qc8));
+    CHECK_CUDA(cudaFree(kc8));
+    CHECK_CUDA(cudaFree(qs8));
+    CHECK_CUDA(cudaFree(ks8));
+  }
   if (argc > 6 && std::string(argv[6]) == "repair") {
     // Kernel-side cost of V residual repair tiles (the selection is timed by the Python benchmark):
     // round(budget * S) rows per head of arbitrary codes, visited after every original block.

@@ -12,6 +12,10 @@
 namespace openvc {
 
 enum class DType { kFloat16, kBFloat16 };
+// Q/K code format: E4M3 (numerics sections 1-2, the default) or INT8 (section 9: one Q descale per query
+// row, one K descale per 128-key block, exact integer scores). INT8 takes dense batched head-dim-128
+// calls so far (no cu_seqlens, seqused_k, causal, repair rows or VC mode).
+enum class QkFormat { kE4M3, kInt8 };
 
 inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile
 inline constexpr int kHeadDim = 128;         // default head dim (the sm_90a fast path takes 128 and 64)
@@ -31,12 +35,13 @@ struct TokenTensorView {
 // Section 1 layout of prepared FP8 inputs (all device pointers, caller-owned, contiguous).
 struct Fp8Inputs {
   int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
-  const uint8_t* q_codes = nullptr;   // [B, Sq, H, D] E4M3
-  const float* q_descale = nullptr;   // [B, H, ceil(Sq/128)]
-  const uint8_t* k_codes = nullptr;   // [B, Sk, H, D] E4M3
+  const uint8_t* q_codes = nullptr;   // [B, Sq, H, D] E4M3 (kInt8: INT8 bytes)
+  const float* q_descale = nullptr;   // [B, H, ceil(Sq/128)] (kInt8: [B, H, Sq], one per row)
+  const uint8_t* k_codes = nullptr;   // [B, Sk, H, D] E4M3 (kInt8: INT8 bytes)
   const float* k_descale = nullptr;   // [B, H, ceil(Sk/128)]
   const uint8_t* v_packed = nullptr;  // [B, H, D, packed_seqlen_k(Sk)] E4M3, keys per kPackedKeyOrder
   const float* v_descale = nullptr;   // [B, H]
+  QkFormat qk_format = QkFormat::kE4M3;  // last, so that positional initializers of the fields above stay valid
 };
 inline int64_t packed_seqlen_k(int64_t sk) { return (sk + kQuantBlock - 1) / kQuantBlock * kQuantBlock; }
 inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQuantBlock; }
@@ -62,6 +67,9 @@ inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQua
 // attention_fp8 takes batched inputs only: packed preparations cannot be attended yet.
 struct PrepareParams {
   DType dtype = DType::kBFloat16;     // of q, k and v alike
+  // kInt8 (batched, head_dim 128, no seqused_k): INT8 Q codes with q_descale [B, H, Sq] (one per row)
+  // and INT8 K codes per 128-key block (numerics section 9, without K smoothing); V as for E4M3.
+  QkFormat qk_format = QkFormat::kE4M3;
   int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
   TokenTensorView q, k, v;
   // Packed sequences (optional, see above): int32 device arrays of num_seqs + 1 offsets, cu[0] = 0,

@@ -266,6 +266,92 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   }
 }
 
+// ---- (1b) INT8 Q per row and K per block (numerics section 9, without K smoothing) ----------------
+// Section 9 scales: 127 / amax and amax / 127, the group all zeros where 127 / amax overflows.
+__device__ __forceinline__ float int8_scale_inv(float amax) {
+  const float s = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  return s == INFINITY ? 0.0f : s;
+}
+__device__ __forceinline__ float int8_descale(float amax) {
+  return amax > 0.0f && __fdiv_rn(127.0f, amax) == INFINITY ? 0.0f : __fdiv_rn(amax, 127.0f);
+}
+// clamp(rne(x), -127, 127); NaN -> 0 (cvt.rni gives 0 for NaN), as the byte of an int8.
+__device__ __forceinline__ uint32_t int8_byte(float x) {
+  return static_cast<uint32_t>(min(max(__float2int_rn(x), -127), 127)) & 0xFFu;
+}
+// 16 elements -> 16 INT8 codes of fl(float(x) * scale_inv).
+template <typename T>
+__device__ __forceinline__ uint4 encode_chunk_int8(const uint4 (&v)[2], float s) {
+  const uint32_t w[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 lo = unpack2<T>(w[2 * i]), hi = unpack2<T>(w[2 * i + 1]);
+    c[i] = int8_byte(__fmul_rn(lo.x, s)) | int8_byte(__fmul_rn(lo.y, s)) << 8 | int8_byte(__fmul_rn(hi.x, s)) << 16 |
+           int8_byte(__fmul_rn(hi.y, s)) << 24;
+  }
+  return make_uint4(c[0], c[1], c[2], c[3]);
+}
+// max |x| over one 16-element chunk pair (0 for padding).
+template <typename T>
+__device__ __forceinline__ float chunk_amax(const uint4 (&v)[2]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    m = absmax2<T>(m, v[j].x);
+    m = absmax2<T>(m, v[j].y);
+    m = absmax2<T>(m, v[j].z);
+    m = absmax2<T>(m, v[j].w);
+  }
+  const float2 f = unpack2<T>(m);
+  return fmaxf(f.x, f.y);
+}
+// The grid and tile walk of quantize_qk_kernel. Q blocks: each token row's D elements are spread over
+// kChunksPerToken neighbouring lanes, whose shuffle max is the row's amax; q descale [B, H, S] (the row's
+// Q descale at (b * H + h) * S + token). K blocks: one scale per block as E4M3, INT8 codes.
+template <typename T, int D>
+__global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
+    quantize_qk_int8_kernel(const __grid_constant__ QkArgs args) {
+  using TL = Tile<D>;
+  __shared__ float red[TL::kWarps];
+  const CtaCoord c = cta_coord(args.heads, args.side[0].nblocks + args.side[1].nblocks);
+  const int which = c.blk >= args.side[0].nblocks ? 1 : 0;
+  const QkSide& s = args.side[which];
+  const int blk = c.blk - (which ? args.side[0].nblocks : 0);
+  const int token0 = blk * kBlockTokens;
+  if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  const SeqSpan span = seq_span(s.in, c.b);
+  const int t = threadIdx.x / TL::kChunksPerToken;
+  const int sub = threadIdx.x % TL::kChunksPerToken;
+  const int valid = span.len - token0;
+  uint4 v[TL::kPasses][2];
+  load_tile<D, true>(s.in, span, c.h, token0, v);
+  uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
+  const int64_t row = static_cast<int64_t>(args.heads) * D;
+  if (which == 1) {   // K: one scale per block (a CTA-uniform branch)
+    float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk;
+    const float amax = block_max<D>(thread_amax<T, D>(v), red);
+    const float scale_inv = int8_scale_inv(amax);
+    if (threadIdx.x == 0) *descale = int8_descale(amax);
+#pragma unroll
+    for (int p = 0; p < TL::kPasses; ++p)
+      if (t + p * TL::kTokenStep < valid)
+        *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode_chunk_int8<T>(v[p], scale_inv);
+    return;
+  }
+  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.in.seqlen + token0 + t;
+#pragma unroll
+  for (int p = 0; p < TL::kPasses; ++p) {
+    float amax = chunk_amax<T>(v[p]);
+#pragma unroll
+    for (int o = 1; o < TL::kChunksPerToken; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    if (t + p * TL::kTokenStep < valid) {
+      if (sub == 0) descale[p * TL::kTokenStep] = int8_descale(amax);
+      *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode_chunk_int8<T>(v[p], int8_scale_inv(amax));
+    }
+  }
+}
+
 // ---- (2) V amax per (batch, head) -----------------------------------------------------------------
 template <typename T, int D>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)

@@ -95,6 +95,11 @@ Status validate(const PrepareParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
     return Status::Invalid("prepare_fp8: params.dtype must be kBFloat16 or kFloat16");
   OPENVC_RETURN_IF_ERROR(validate_mode(p));
+  if (p.qk_format != QkFormat::kE4M3 && p.qk_format != QkFormat::kInt8)
+    return Status::Invalid("prepare_fp8: params.qk_format must be kE4M3 or kInt8");
+  if (p.qk_format == QkFormat::kInt8 && (p.cu_seqlens_q != nullptr || p.seqused_k != nullptr || p.head_dim != 128))
+    return Status::Unsupported("prepare_fp8: params.qk_format kInt8 takes batched head_dim 128 inputs without "
+                               "seqused_k so far (the attention kernel's INT8 mode is dense only)");
   const Dims d = dims_of(p);
   OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
   if (p.head_dim != 128 && p.head_dim != 64)
@@ -148,8 +153,13 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   qk.heads = p.heads;
   qk.v_amax = v_amax;
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
-  prepare::quantize_qk_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
-  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
+  if (p.qk_format == QkFormat::kInt8) {
+    prepare::quantize_qk_int8_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_int8_kernel launch");
+  } else {
+    prepare::quantize_qk_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
+  }
 
   prepare::VArgs va{};
   va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);

@@ -18,6 +18,7 @@ namespace openvc::sm90 {
 
 namespace gmma = cute::SM90::GMMA;
 using QkMma = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;   // S = Q K^T, both K-major from smem
+using QkMmaInt8 = gmma::MMA_64x128x32_S32S8S8_SS_TN;      // the same with INT8 codes: exact int32 sums
 // [O | l] += P [V | 1], P from registers; N = D + 8 (config.h).
 template <int kD>
 using PvMma = std::conditional_t<kD == 128, gmma::MMA_64x136x32_F32E4M3E4M3_RS_TN<>,
@@ -41,10 +42,11 @@ __device__ __forceinline__ uint64_t sw_kmajor_desc(const void* smem_tile) {
 // (the hardware applies the swizzle to absolute addresses, so tiles are 1024-byte aligned).
 __device__ __forceinline__ uint64_t desc_k_step(uint64_t desc, int k) { return desc + ((32 * k) >> 4); }
 
-template <size_t... I>
+template <bool kInt8, size_t... I>
 __device__ __forceinline__ void qk_mma_impl(uint64_t da, uint64_t db, float (&d)[64], gmma::ScaleOut acc,
                                             std::index_sequence<I...>) {
-  QkMma::fma(da, db, d[I]..., acc);
+  if constexpr (kInt8) QkMmaInt8::fma(da, db, reinterpret_cast<uint32_t&>(d[I])..., acc);  // int32 bits in d
+  else QkMma::fma(da, db, d[I]..., acc);
 }
 template <int kD, int N, size_t... I>
 __device__ __forceinline__ void pv_mma_impl(const uint32_t* a, uint64_t db, float (&d)[N], gmma::ScaleOut acc,
@@ -63,17 +65,27 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(r[i]);
 }
 
-// S(64x128) = Q(64xD) K^T: D/32 k32 steps over the head dim, one commit group.
-template <int kD>
+// S(64x128) = Q(64xD) K^T: D/32 k32 steps over the head dim, one commit group. kInt8: s holds the int32
+// sums' bits until scores_to_float.
+template <int kD, bool kInt8 = false>
 __device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float (&s)[64]) {
   fence_regs(s);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int k = 0; k < kD / 32; ++k)
-    qk_mma_impl(desc_k_step(desc_q, k), desc_k_step(desc_k, k), s,
+    qk_mma_impl<kInt8>(desc_k_step(desc_q, k), desc_k_step(desc_k, k), s,
                 k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One, std::make_index_sequence<64>{});
   cute::warpgroup_commit_batch();
   fence_regs(s);
+}
+
+// INT8 scores (waited for): the exact int32 sums to FP32, exact too (|acc| <= 128 * 127^2 < 2^24).
+template <bool kInt8>
+__device__ __forceinline__ void scores_to_float(float (&s)[64]) {
+  if constexpr (kInt8) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = __int2float_rn(__float_as_int(s[i]));
+  }
 }
 
 // [O | l](64 x D+8) (+)= P(64x128 keys) [V | 1](128 keys x D+8): four k32 steps over the keys; `fresh`

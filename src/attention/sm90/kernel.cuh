@@ -43,6 +43,7 @@ struct alignas(1024) SharedStorage {
   int seq_tile0[has_mode<kMode>(kVarlenMode) ? kMaxCompactSeqs + 1 : 1];  // varlen: the compact tile space
   static_assert(C::kQBytes % 1024 == 0 && C::kTileBytes % 1024 == 0 && C::kVStageBytes % 1024 == 0,
                 "swizzled operand tiles must stay 1024-byte aligned");
+  static_assert(!has_mode<kMode>(kInt8QkMode) || kMode == kInt8QkMode, "INT8 Q/K: the dense head-dim-128 mode only so far");
   static_assert(!has_mode<kMode>(kHeadDim64Mode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
                 "repair and VC modes are built for head dim 128 only");
 };
@@ -50,6 +51,20 @@ struct alignas(1024) SharedStorage {
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
+
+// The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9): one per tile
+// for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows r and r + 8 of this thread;
+// rows past Sq, whose Q codes are zero, read the last row's descale).
+template <int kMode>
+__device__ __forceinline__ auto q_multiplier(const KernelParams& p, const TileCoord& c, int row) {
+  if constexpr (has_mode<kMode>(kInt8QkMode)) {
+    const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
+    const int r = c.qt * Cfg::kBlockM + row, last = p.seqlen_q - 1;
+    return RowMult{p.qk_multiplier * __ldg(dq + min(r, last)), p.qk_multiplier * __ldg(dq + min(r + 8, last))};
+  } else {
+    return p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
+  }
+}
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
 template <int kStages>
@@ -228,6 +243,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kRepair = has_mode<kMode>(kRepairMode);
   constexpr bool kVc = has_mode<kMode>(kVcMode);
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
+  constexpr bool kInt8 = has_mode<kMode>(kInt8QkMode);
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -244,7 +260,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const TileCoord& c = w.c;
     const int n = w.n;
     const KeyOrder& order = w.order;
-    const float qscale = p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
+    const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
     const float* kd = p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
@@ -274,14 +290,15 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     int blk = order(0);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
     issue_order.before();
-    issue_qk<kD>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+    issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
     issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(s);
+    scores_to_float<kInt8>(s);
     release(&sh.k_empty[ring.stage]);
     if (n == 1 && !kRepair) release(&sh.q_empty);
     {
-      const float a = qscale * kd[blk];
+      const auto a = qscale * kd[blk];
       const BlockMask mask = mask_of(blk);
       float t_lo, t_hi;
       tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
@@ -300,12 +317,13 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     auto issue_block = [&](bool last) {
       TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
       issue_order.before();
-      issue_qk<kD>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+      issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
       issue_pv<kD>(st.p, sw_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
       issue_order.after();
       cute::warpgroup_wait<1>();
       fence_regs(s);
+      scores_to_float<kInt8>(s);
       release(&sh.k_empty[ring.stage]);
       if (last) release(&sh.q_empty);  // the Q tile is read for the last time
     };
@@ -325,7 +343,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if (!kMaybeLast || i + 1 < n) kd_next = __ldg(kd + order(i + 1));
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
-      const float a = qscale * kd_blk;
+      const auto a = qscale * kd_blk;
       const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{Cfg::kBlockN, Cfg::kBlockN, false};
       float t_lo, t_hi;
       tile_max<kProbe, kMaybePartial>(s, a, mask, t, false, t_lo, t_hi);
@@ -369,7 +387,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // original key's score, which the max already covers), codes against the final max with each
     // key's own descale, numerator only. The first PV here is the last original tile's.
     const float* kd_rep = p.repair_k_descale + int64_t(c.b * p.heads + c.h) * p.repair_tiles * Cfg::kBlockN;
-    for (int r = 0; kRepair && r < p.repair_tiles; ++r) {
+    if constexpr (kRepair) for (int r = 0; r < p.repair_tiles; ++r) {
       issue_block(r == p.repair_tiles - 1);
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);

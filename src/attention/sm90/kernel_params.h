@@ -9,7 +9,7 @@ namespace openvc::sm90 {
 struct KernelParams {
   int batch, heads, seqlen_q, seqlen_k;
   int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
-  const float* q_descale;   // [B, H, num_q_tiles]
+  const float* q_descale;   // [B, H, num_q_tiles]; INT8 Q (kInt8QkMode): [B, H, seqlen_q], one per row
   const float* k_descale;   // [B, H, num_k_blocks]
   const float* v_descale;   // [B, H]
   __nv_bfloat16* out;       // [B, Sq, H, D] with strides

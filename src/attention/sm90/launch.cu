@@ -102,6 +102,11 @@ Status validate_form(const AttentionParams& p, bool vc) {
     return Status::Invalid("seqused_k: an int32 array must be 4-byte aligned");
   if (in.heads <= 0) return Status::Invalid("in.heads must be > 0, got " + str(in.heads));
   const bool varlen = sh.packed || p.seqused_k != nullptr;
+  if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)
+    return Status::Invalid("in.qk_format must be kE4M3 or kInt8");
+  if (in.qk_format == QkFormat::kInt8 && (varlen || p.causal || p.repair.rows > 0 || vc || in.head_dim != 128))
+    return Status::Unsupported("in.qk_format kInt8: the sm_90a kernel takes dense batched head_dim 128 calls only so "
+                               "far (no cu_seqlens, seqused_k, causal, repair rows or VC mode)");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
@@ -275,7 +280,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   pl.mode = vc ? kVcMode
            : rep.rows > 0 ? kRepairMode
            : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode) |
-                 (d == 64 ? kHeadDim64Mode : kPlainMode);
+                 (d == 64 ? kHeadDim64Mode : kPlainMode) |
+                 (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode);
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);
@@ -298,6 +304,7 @@ Status launch_plan(const LaunchPlan& plan, cudaStream_t stream) {
     case kHeadDim64Mode | kVarlenMode: return launch_mode<kHeadDim64Mode | kVarlenMode>(plan, stream);
     case kHeadDim64Mode | kVarlenMode | kCausalMode:
       return launch_mode<kHeadDim64Mode | kVarlenMode | kCausalMode>(plan, stream);
+    case kInt8QkMode: return launch_mode<kInt8QkMode>(plan, stream);
     default: return Status::Unsupported("attention_fp8: no kernel for mode " + str(plan.mode));
   }
 }

@@ -25,6 +25,10 @@ enum Mode : int {
   // Head dim 64 (LTX-Video): the same tiles and arithmetic with half-width Q/K rows (64-byte swizzle)
   // and a 64 x 72 PV accumulator; combines with causal and varlen (not with repair or VC).
   kHeadDim64Mode = 16,
+  // INT8 Q and K (qk_format int8, numerics section 9): QK^T on the s8 tensor cores with exact int32
+  // accumulators, converted to FP32 before the same ExpCast arithmetic; one Q descale per query row,
+  // so each thread carries a multiplier for each of its two rows. Dense head dim 128 for now.
+  kInt8QkMode = 32,
 };
 
 template <int kMode>

@@ -4,6 +4,7 @@
 // sequences these per key block.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
@@ -148,21 +149,33 @@ __device__ __forceinline__ void update_max(ConsumerState<kD>& st, float tile_lo,
   }
 }
 
+// The ExpCast multiplier of this thread's rows g (lo) and g+8 (hi): one float where the rows share it (an
+// E4M3 Q descale per 128-row block), a pair with per-row Q descales (INT8 mode). Same arithmetic.
+struct RowMult {
+  float lo, hi;
+};
+__device__ __forceinline__ RowMult operator*(RowMult q, float k) { return {q.lo * k, q.hi * k}; }
+__device__ __forceinline__ float mult_lo(float a) { return a; }
+__device__ __forceinline__ float mult_hi(float a) { return a; }
+__device__ __forceinline__ float mult_lo(RowMult a) { return a.lo; }
+__device__ __forceinline__ float mult_hi(RowMult a) { return a.hi; }
+
 // Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
 // row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
-template <bool kClip>
-__device__ __forceinline__ void convert_tile(const float (&s)[64], float a, float b_lo, float b_hi, uint32_t (&p)[16]) {
+template <bool kClip, typename A>
+__device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_lo, float b_hi, uint32_t (&p)[16]) {
+  const float a_lo = mult_lo(a), a_hi = mult_hi(a);
   auto pair = [](float s0, float s1, float a_, float b_) {
     return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
   };
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
     const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-    p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a, b_lo), pair(s[c1 + 0], s[c1 + 1], a, b_lo));
-    p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a, b_hi), pair(s[c1 + 2], s[c1 + 3], a, b_hi));
-    p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a, b_lo), pair(s[c3 + 0], s[c3 + 1], a, b_lo));
-    p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a, b_hi), pair(s[c3 + 2], s[c3 + 3], a, b_hi));
+    p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
+    p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
+    p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
+    p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
   }
 }
 
@@ -192,8 +205,8 @@ __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float 
 }
 
 // Tile max of S (already waited for) in scaled code units.
-template <int kProbe, bool kMaybePartial = true>
-__device__ __forceinline__ void tile_max(const float (&s)[64], float a, const BlockMask& mask, int t, bool first,
+template <int kProbe, bool kMaybePartial = true, typename A>
+__device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockMask& mask, int t, bool first,
                                          float& lo, float& hi) {
   if ((kProbe & kSkipMax) && !first) {
     lo = hi = -INFINITY;
@@ -208,16 +221,16 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], float a, const Bl
     lo = fmaxf(lo, lo2 * 0.5f);
     hi = fmaxf(hi, hi2 * 0.5f);
   }
-  lo *= a;
-  hi *= a;
+  lo *= mult_lo(a);
+  hi *= mult_hi(a);
 }
 
 // Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
 // clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
 // (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
 // Such tiles send every block through the general step, so the steady-state loop has no trace of it.
-template <int kProbe, bool kMaybePartial = true, int kD>
-__device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], float a, const BlockMask& mask,
+template <int kProbe, bool kMaybePartial = true, int kD, typename A>
+__device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], A a, const BlockMask& mask,
                                              int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
@@ -233,16 +246,21 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
 }
 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
-// needs the clip: |acc| <= 128 * 448^2 for E4M3 codes, so |M'| <= 128 * 448^2 * qscale * max dk over
-// the (b, h)'s key blocks. Never true for real data (the bound is ~1e-4 for video inputs). Each warp
-// reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
-__device__ __forceinline__ bool tile_may_be_huge(float qscale, const float* kd, int nk) {
+// needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
+// qscale * max dk over the (b, h)'s key blocks. Never true for real data (the bound is ~1e-4 for video
+// inputs). Each warp reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
+template <typename A>
+__device__ __forceinline__ bool tile_may_be_huge(A qscale_rows, const float* kd, int nk) {
+  constexpr bool kInt8 = std::is_same_v<A, RowMult>;
+  float qscale;
+  if constexpr (kInt8) qscale = fmaxf(qscale_rows.lo, qscale_rows.hi);
+  else qscale = qscale_rows;
   // A uniform trip count (predicated loads, no divergent loop): divergence here would cost the
   // consumer loop its uniform datapath (measured in the SASS: R2UR moves, WARPSYNC).
   float m = 0.0f;
   const int lane = threadIdx.x & 31;
   for (int j0 = 0; j0 < nk; j0 += 32) m = fmaxf(m, j0 + lane < nk ? __ldg(kd + j0 + lane) : 0.0f);
-  constexpr float kMaxAcc = 128.0f * 448.0f * 448.0f;
+  constexpr float kMaxAcc = kInt8 ? 128.0f * 127.0f * 127.0f : 128.0f * 448.0f * 448.0f;
   // A vote, not a shuffle reduction: ptxas knows its result is uniform, so the loop bounds that depend
   // on it stay uniform too (a shuffle-reduced flag made the whole consumer loop "divergent").
   return __any_sync(0xffffffffu, kMaxAcc * qscale * m >= kHugeMaxScaled);
