@@ -9,14 +9,6 @@
 namespace openvc::reference {
 namespace {
 
-Status check_args(const float* x, const Sequences& seqs, const void* out) {
-  OPENVC_RETURN_IF_ERROR(seqs.validate("seqs"));
-  if (out == nullptr) return Status::Invalid("out must not be null");
-  if (x == nullptr && seqs.total_tokens() > 0) {
-    return Status::Invalid("x must not be null (seqs holds " + std::to_string(seqs.total_tokens()) + " tokens)");
-  }
-  return Status::Ok();
-}
 
 // Quantizes tokens [t0, t1) of head h as one group; returns its descale. src(t, c) gives the value to
 // quantize (the input, or the smoothed input). amax ignores NaN, like the E4M3 groups.
@@ -48,7 +40,7 @@ int8_t int8_encode(float x) {
 }
 
 Status quantize_int8_rows(const float* x, const Sequences& seqs, Int8Quantized* out) {
-  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
   const int H = seqs.num_heads, D = seqs.head_dim, nseq = seqs.count();
   out->groups = seqs.max_length();
   out->group_tokens = 1;
@@ -69,7 +61,7 @@ Status quantize_int8_rows(const float* x, const Sequences& seqs, Int8Quantized* 
 
 Status quantize_int8_blocks(const float* x, const Sequences& seqs, bool smoothing, Int8Quantized* out,
                             const int* key_counts) {
-  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
   const int H = seqs.num_heads, D = seqs.head_dim, nseq = seqs.count();
   out->groups = seqs.max_blocks();
   out->group_tokens = kQuantBlock;

@@ -52,6 +52,9 @@ void axpy4(double* acc, int head_dim, const double p[4], const double* const v[4
 // cannot be started the calling thread does the remaining work: no exception leaves the library.
 void parallel_for(int n, const std::function<void(int)>& f);
 
+// The quantizers' common argument rules: valid sequences, an output, and input for every token.
+Status check_quantize_args(const float* x, const Sequences& seqs, const void* out);
+
 // Validates both sequence descriptions and that they agree on count, heads and head_dim.
 Status check_sequence_pair(const Sequences& q_seqs, const Sequences& k_seqs);
 

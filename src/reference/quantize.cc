@@ -9,14 +9,6 @@
 namespace openvc::reference {
 namespace {
 
-Status check_args(const float* x, const Sequences& seqs, const void* out) {
-  OPENVC_RETURN_IF_ERROR(seqs.validate("seqs"));
-  if (out == nullptr) return Status::Invalid("out must not be null");
-  if (x == nullptr && seqs.total_tokens() > 0) {
-    return Status::Invalid("x must not be null (seqs holds " + std::to_string(seqs.total_tokens()) + " tokens)");
-  }
-  return Status::Ok();
-}
 
 // Quantizes tokens [t0, t1) of head h as one group; returns its descale and writes scale_inv.
 // x and codes are [total_tokens, H, D]. amax ignores NaN (like a GPU fmaxf reduction).
@@ -47,7 +39,7 @@ float quantize_group(const float* x, const Sequences& seqs, int h, int64_t t0, i
 }  // namespace
 
 Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out) {
-  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
   const int H = seqs.num_heads, nseq = seqs.count();
   out->max_blocks = seqs.max_blocks();
   out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * seqs.head_dim, 0);
@@ -69,7 +61,7 @@ Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* ou
 }
 
 Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out) {
-  OPENVC_RETURN_IF_ERROR(check_args(x, seqs, out));
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
   const int H = seqs.num_heads, nseq = seqs.count();
   out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * seqs.head_dim, 0);
   out->descale.assign(static_cast<size_t>(nseq) * H, 0.0f);
@@ -83,5 +75,18 @@ Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out)
   }
   return Status::Ok();
 }
+
+namespace internal {
+
+Status check_quantize_args(const float* x, const Sequences& seqs, const void* out) {
+  OPENVC_RETURN_IF_ERROR(seqs.validate("seqs"));
+  if (out == nullptr) return Status::Invalid("out must not be null");
+  if (x == nullptr && seqs.total_tokens() > 0) {
+    return Status::Invalid("x must not be null (seqs holds " + std::to_string(seqs.total_tokens()) + " tokens)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace internal
 
 }  // namespace openvc::reference

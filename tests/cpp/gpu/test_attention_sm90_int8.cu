@@ -61,26 +61,6 @@ struct Gpu {
   openvc::PrepareParams pp;
 };
 
-void prepare_on_gpu(const Int8Case& c, const std::vector<float>& q, const std::vector<float>& k,
-                    const std::vector<float>& v, Gpu& g, openvc::Status* st) {
-  const int D = 128;
-  ASSERT_TRUE(upload(g.q.p, bf16_bits(q)) && upload(g.k.p, bf16_bits(k)) && upload(g.v.p, bf16_bits(v)));
-  CUDA_OK(cudaMemset(g.qs.p, 0xFF, g.qs.bytes));   // NaN poison: every descale must be written
-  CUDA_OK(cudaMemset(g.ks.p, 0xFF, g.ks.bytes));
-  openvc::PrepareParams& p = g.pp;
-  p.dtype = openvc::DType::kBFloat16;
-  p.qk_format = openvc::QkFormat::kInt8;
-  p.batch = c.B, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.heads = c.H, p.head_dim = D;
-  p.q = {g.q.p, int64_t(c.sq) * c.H * D, int64_t(c.H) * D, D};
-  p.k = {g.k.p, int64_t(c.sk) * c.H * D, int64_t(c.H) * D, D};
-  p.v = {g.v.p, int64_t(c.sk) * c.H * D, int64_t(c.H) * D, D};
-  p.q_codes = g.qc.as<uint8_t>(), p.q_descale = g.qs.as<float>(), p.k_codes = g.kc.as<uint8_t>();
-  p.k_descale = g.ks.as<float>(), p.v_packed = g.vp.as<uint8_t>(), p.v_descale = g.vs.as<float>();
-  p.workspace = g.ws.p, p.workspace_bytes = g.ws.bytes;
-  *st = openvc::prepare_fp8(p, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-}
-
 void inputs(const Int8Case& c, std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
   const int D = 128;
   const ref::Sequences qs = ref::Sequences::Batched(c.B, c.sq, c.H, D), ks = ref::Sequences::Batched(c.B, c.sk, c.H, D);
@@ -96,17 +76,37 @@ void inputs(const Int8Case& c, std::vector<float>& q, std::vector<float>& k, std
   for (float& x : k) x = ref::round_to_bf16(x * c.qk_scale);
 }
 
+// The case's inputs (q, k, v filled) and their INT8 preparation on the GPU.
+void prepare_case(const Int8Case& c, std::vector<float>& q, std::vector<float>& k, std::vector<float>& v, Gpu& g) {
+  inputs(c, q, k, v);
+  const int D = 128;
+  ASSERT_TRUE(upload(g.q.p, bf16_bits(q)) && upload(g.k.p, bf16_bits(k)) && upload(g.v.p, bf16_bits(v)));
+  CUDA_OK(cudaMemset(g.qs.p, 0xFF, g.qs.bytes));   // NaN poison: every descale must be written
+  CUDA_OK(cudaMemset(g.ks.p, 0xFF, g.ks.bytes));
+  openvc::PrepareParams& p = g.pp;
+  p.dtype = openvc::DType::kBFloat16;
+  p.qk_format = openvc::QkFormat::kInt8;
+  p.batch = c.B, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.heads = c.H, p.head_dim = D;
+  p.q = {g.q.p, int64_t(c.sq) * c.H * D, int64_t(c.H) * D, D};
+  p.k = {g.k.p, int64_t(c.sk) * c.H * D, int64_t(c.H) * D, D};
+  p.v = {g.v.p, int64_t(c.sk) * c.H * D, int64_t(c.H) * D, D};
+  p.q_codes = g.qc.as<uint8_t>(), p.q_descale = g.qs.as<float>(), p.k_codes = g.kc.as<uint8_t>();
+  p.k_descale = g.ks.as<float>(), p.v_packed = g.vp.as<uint8_t>(), p.v_descale = g.vs.as<float>();
+  p.workspace = g.ws.p, p.workspace_bytes = g.ws.bytes;
+  const openvc::Status st = openvc::prepare_fp8(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+
 TEST(Sm90Int8, PrepareWritesTheReferenceCodesBitForBit) {
   SKIP_WITHOUT_SM90();
   for (const Int8Case& c : {Int8Case{2, 300, 700, 3, 1.0f, false}, Int8Case{1, 129, 1, 2, 4.0f, false},
                             Int8Case{1, 1000, 1000, 2, 1.0f, true}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << c.B << " Sq=" << c.sq << " Sk=" << c.sk << " H=" << c.H);
     std::vector<float> q, k, v;
-    inputs(c, q, k, v);
     Gpu g(c);
-    openvc::Status st;
-    prepare_on_gpu(c, q, k, v, g, &st);
-    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_NO_FATAL_FAILURE(prepare_case(c, q, k, v, g));
     const ref::Sequences qs = ref::Sequences::Batched(c.B, c.sq, c.H, 128), ks = ref::Sequences::Batched(c.B, c.sk, c.H, 128);
     ref::Int8Quantized rq, rk;
     ASSERT_TRUE(ref::quantize_int8_rows(q.data(), qs, &rq).ok());
@@ -133,11 +133,8 @@ TEST(Sm90Int8, AttentionMatchesTheReferenceOnTheSameCodes) {
                                       << " x" << c.qk_scale);
     const int D = 128, H = c.H;
     std::vector<float> q, k, v;
-    inputs(c, q, k, v);
     Gpu g(c);
-    openvc::Status st;
-    prepare_on_gpu(c, q, k, v, g, &st);
-    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_NO_FATAL_FAILURE(prepare_case(c, q, k, v, g));
     const ref::Sequences qs = ref::Sequences::Batched(c.B, c.sq, H, D), ks = ref::Sequences::Batched(c.B, c.sk, H, D);
     ref::PrepareOptions po;
     po.qk_format = ref::QkFormat::kInt8;
@@ -158,7 +155,7 @@ TEST(Sm90Int8, AttentionMatchesTheReferenceOnTheSameCodes) {
     p.out = dout.p;
     p.out_stride_batch = int64_t(c.sq) * H * D, p.out_stride_seq = int64_t(H) * D, p.out_stride_head = D;
     p.lse = dlse.as<float>();
-    st = openvc::attention_fp8(p, nullptr);
+    const openvc::Status st = openvc::attention_fp8(p, nullptr);
     ASSERT_TRUE(st.ok()) << st.message();
     CUDA_OK(cudaDeviceSynchronize());
     const auto bits = download<uint16_t>(dout.p, n);
@@ -202,11 +199,8 @@ TEST(Sm90Int8, OtherModesAreRejectedByName) {
   SKIP_WITHOUT_SM90();
   const Int8Case c{1, 256, 256, 1, 1.0f, false};
   std::vector<float> q, k, v;
-  inputs(c, q, k, v);
   Gpu g(c);
-  openvc::Status st;
-  prepare_on_gpu(c, q, k, v, g, &st);
-  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_NO_FATAL_FAILURE(prepare_case(c, q, k, v, g));
   DevBuf dout(size_t(256) * 128 * 2);
   openvc::AttentionParams p;
   p.in = {1, 256, 256, 1, 128, g.pp.q_codes, g.pp.q_descale, g.pp.k_codes, g.pp.k_descale, g.pp.v_packed,
@@ -214,7 +208,7 @@ TEST(Sm90Int8, OtherModesAreRejectedByName) {
   p.in.qk_format = openvc::QkFormat::kInt8;
   p.out = dout.p, p.out_stride_seq = 128, p.out_stride_head = 128;
   p.causal = true;
-  st = openvc::attention_fp8(p, nullptr);
+  openvc::Status st = openvc::attention_fp8(p, nullptr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("qk_format"), std::string::npos) << st.message();
   openvc::PrepareParams pp = g.pp;

@@ -21,6 +21,16 @@ inline float round_to_fp16(float x) {
   return std::ldexp(std::nearbyint(std::ldexp(x, -lsb)), lsb);
 }
 
+// Packed sequences of the given lengths (cu_seqlens from 0).
+inline Sequences packed(const std::vector<int>& lens, int H, int D) {
+  Sequences s;
+  s.num_heads = H;
+  s.head_dim = D;
+  s.cu_seqlens = {0};
+  for (int L : lens) s.cu_seqlens.push_back(s.cu_seqlens.back() + L);
+  return s;
+}
+
 struct Qkv {
   std::vector<float> q, k, v;  // [tokens, H, D]
 };

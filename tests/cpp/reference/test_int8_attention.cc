@@ -20,14 +20,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-Sequences packed(std::vector<int> lens, int H, int D) {
-  Sequences s;
-  s.num_heads = H;
-  s.head_dim = D;
-  s.cu_seqlens = {0};
-  for (int L : lens) s.cu_seqlens.push_back(s.cu_seqlens.back() + L);
-  return s;
-}
+using testing::packed;
 
 // N(0, scale) BF16 tokens, plus an optional per-(head, channel) offset of N(0, offset).
 std::vector<float> normal_tokens(const Sequences& s, uint32_t seed, float scale, float offset = 0.0f) {

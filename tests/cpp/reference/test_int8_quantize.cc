@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "openvc/reference.h"
+#include "test_inputs.h"
 
 namespace openvc::reference {
 namespace {
@@ -15,14 +16,7 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-Sequences packed(std::vector<int> lens, int H, int D) {
-  Sequences s;
-  s.num_heads = H;
-  s.head_dim = D;
-  s.cu_seqlens = {0};
-  for (int L : lens) s.cu_seqlens.push_back(s.cu_seqlens.back() + L);
-  return s;
-}
+using testing::packed;
 
 std::vector<float> random_tokens(const Sequences& s, uint32_t seed, float scale) {
   std::mt19937 rng(seed);
