@@ -84,6 +84,33 @@ sys.exit(sys.prefix == sys.base_prefix and os.path.exists(marker))' ||
   command -v "${CXX:-c++}" >/dev/null || _setup_fail "no C++ compiler: apt-get install g++"
 }
 
+# Fails early, naming the folders and the sizes, when the disk cannot hold what pip is about to
+# install: PyPI's torch wheel brings its CUDA libraries (~5 GB installed, with ~2.5 GB of downloads
+# held in the temporary folder meanwhile), and pip's own "No space left on device" says neither.
+openvc_check_space() {
+  local site
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$PY" - "$site" "${TMPDIR:-/tmp}" "$(grep -c '^torch' <<<"$1" || true)" <<'EOF' || exit 1
+import os, shutil, sys
+site, tmp, torch = sys.argv[1], sys.argv[2], sys.argv[3] != "0"
+need = {site: 5.5 if torch else 0.5, tmp: 3.0 if torch else 0.5}   # GB per folder
+by_disk = {}
+for path, gb in need.items():   # the two folders may be on one file system: their needs add up
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    disk = by_disk.setdefault(os.stat(probe).st_dev, [probe, 0.0, []])
+    disk[1] += gb
+    disk[2].append(path)
+for probe, gb, paths in by_disk.values():
+    free = shutil.disk_usage(probe).free / 2**30
+    if free < gb:
+        sys.exit(f"setup: installing needs about {gb:.1f} GB free for {' and '.join(paths)}, "
+                 f"{free:.1f} GB are free there: free some space, or set OPENVC_VENV and TMPDIR "
+                 "to folders on a larger disk")
+EOF
+}
+
 # Installs the lines of the given requirements files (those whose environment marker holds) whose
 # distribution is not installed at all. An installed one is kept whatever its version (a differing
 # == pin is reported): the GPU machine's torch 2.11.0+cu130 must not be replaced. nvidia-cutlass is
@@ -120,6 +147,7 @@ EOF
   )
   [ -n "$missing" ] || return 0
   list=$(tr '\n' ' ' <<<"$missing")
+  openvc_check_space "$missing"
   echo "setup: installing into $PY: $list"
   while IFS= read -r line; do   # one requirement per line (a line may hold spaces, e.g. a marker)
     # Only nvidia-cutlass's C++ headers are used, not its Python dependencies (scipy, cuda-python).
