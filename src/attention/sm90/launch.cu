@@ -105,9 +105,9 @@ Status validate_form(const AttentionParams& p, bool vc) {
   const bool varlen = sh.packed || p.seqused_k != nullptr;
   if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)
     return Status::Invalid("in.qk_format must be kE4M3 or kInt8");
-  if (in.qk_format == QkFormat::kInt8 && (varlen || p.causal || p.repair.rows > 0 || vc || in.head_dim != 128))
-    return Status::Unsupported("in.qk_format kInt8: the sm_90a kernel takes dense batched head_dim 128 calls only so "
-                               "far (no cu_seqlens, seqused_k, causal, repair rows or VC mode)");
+  if (in.qk_format == QkFormat::kInt8 && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string("in.qk_format kInt8: ") + (vc ? "the VC mode" : "repair rows") +
+                               " take E4M3 Q/K only (kInt8 runs dense, causal, cu_seqlens and seqused_k calls)");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");

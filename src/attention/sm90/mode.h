@@ -30,8 +30,9 @@ enum Mode : int {
   // and a 64 x 72 PV accumulator; combines with causal and varlen (not with repair or VC).
   kHeadDim64Mode = 16,
   // INT8 Q and K (qk_format int8, numerics section 9): QK^T on the s8 tensor cores with exact int32
-  // accumulators, converted to FP32 before the same ExpCast arithmetic; one Q descale per query row,
-  // so each thread carries a multiplier for each of its two rows. Dense head dim 128 for now.
+  // accumulators, converted to FP32 at the ExpCast FMA; one Q descale per query row and 8 K descales
+  // per key block (key groups), so each thread carries a multiplier per row and per half of the tile.
+  // Combines with causal, varlen and head dim 64 (not with repair or VC).
   kInt8QkMode = 32,
 };
 
@@ -49,6 +50,13 @@ inline constexpr int kProductionModes[] = {
     kHeadDim64Mode | kVarlenMode,
     kHeadDim64Mode | kVarlenMode | kCausalMode,
     kInt8QkMode,
+    kInt8QkMode | kCausalMode,
+    kInt8QkMode | kVarlenMode,
+    kInt8QkMode | kVarlenMode | kCausalMode,
+    kInt8QkMode | kHeadDim64Mode,
+    kInt8QkMode | kHeadDim64Mode | kCausalMode,
+    kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
