@@ -188,8 +188,11 @@ __device__ __forceinline__ QuadMult operator*(QuadMult a, float x) {   // probes
 // stays inside the mantissa (2^22 + acc in (0, 2^23), no carry into the exponent): the float is
 // 1.5 * 2^23 + acc exactly, and subtracting 1.5 * 2^23 is exact. One IADD and one FADD on the fast pipes
 // instead of I2FP.F32.S32 (a conversion-pipe instruction).
+// kI2F (probe kInt8ConvertI2F): the plain conversion instruction, for timing.
+template <bool kI2F = false>
 __device__ __forceinline__ float int8_score(float acc_bits) {
-  return __int_as_float(__float_as_int(acc_bits) + 0x4B400000) - 12582912.0f;
+  if constexpr (kI2F) return __int2float_rn(__float_as_int(acc_bits));
+  else return __int_as_float(__float_as_int(acc_bits) + 0x4B400000) - 12582912.0f;
 }
 
 // Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
@@ -197,11 +200,11 @@ __device__ __forceinline__ float int8_score(float acc_bits) {
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
 // INT8 (QuadMult): s holds the int32 sums' bits, converted here as the FMA's input; chunks 0..7 (kb 0, 1)
 // take the half-0 multipliers, chunks 8..15 (kb 2, 3) the half-1 ones.
-template <bool kClip, typename A>
+template <bool kClip, bool kI2F = false, typename A>
 __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_lo, float b_hi, uint32_t (&p)[16]) {
   if constexpr (std::is_same_v<A, QuadMult>) {
     auto pair = [](float s0, float s1, float a_, float b_) {
-      const float x0 = int8_score(s0), x1 = int8_score(s1);
+      const float x0 = int8_score<kI2F>(s0), x1 = int8_score<kI2F>(s1);
       return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
     };
 #pragma unroll
@@ -269,7 +272,7 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockM
     if (kMaybePartial && mask.on) thread_row_max_int8<true>(s, mask.lo, mask.hi, t, m);
     else thread_row_max_int8<false>(s, mask.lo, mask.hi, t, m);
     auto scaled = [&](int raw, float a_) {
-      const float x = int8_score(__int_as_float(raw)) * a_;
+      const float x = int8_score<(kProbe & kInt8ConvertI2F) != 0>(__int_as_float(raw)) * a_;
       return kMaybePartial && raw == kNoInt8Score ? -INFINITY : x;   // a half with no visible key
     };
     lo = fmaxf(scaled(m[0], a.lo0), scaled(m[1], a.lo1));
@@ -299,8 +302,10 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
                                              int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
-  if (kMaybePartial && clip) convert_tile<true>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
-  else convert_tile<false>(s, a, b_lo, b_hi, st.p);
+  constexpr bool kI2F = (kProbe & kInt8ConvertI2F) != 0;
+  if (kMaybePartial && clip)
+    convert_tile<true, kI2F>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
+  else convert_tile<false, kI2F>(s, a, b_lo, b_hi, st.p);
   if (kProbe & kDoubleConvert) {
     uint32_t p2[16];
     convert_tile<false>(s, a * 0.5f, b_lo, b_hi, p2);
