@@ -191,14 +191,14 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&qc8, n));
     CHECK_CUDA(cudaMalloc(&kc8, n));
     CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
-    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * 8 * 4));
-    CHECK_CUDA(cudaMemset(ks8, 0x3D, size_t(B) * H * nb * 8 * 4));
+    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));  // [B, H, nb, 8]
     openvc::PrepareParams pp8 = pp;
     pp8.qk_format = openvc::QkFormat::kInt8;
     pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
     openvc::AttentionParams ap8 = ap;
     ap8.in.qk_format = openvc::QkFormat::kInt8;
     ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    CHECK_CUDA(cudaMemset(ks8, 0x3D, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
     openvc::AttentionParams apc = ap, ap8c = ap8;
     apc.causal = ap8c.causal = true;
     CHECK_OK(openvc::prepare_fp8(pp8, s));

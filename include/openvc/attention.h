@@ -13,9 +13,12 @@ namespace openvc {
 
 enum class DType { kFloat16, kBFloat16 };
 // Q/K code format: E4M3 (numerics sections 1-2, the default) or INT8 (section 9: one Q descale per query
-// row, one K descale per 128-key block, exact integer scores). INT8 takes dense batched head-dim-128
-// calls so far (no cu_seqlens, seqused_k, causal, repair rows or VC mode).
+// row, kInt8KeyGroups K descales per 128-key block, exact integer scores). INT8 takes every fast-path call
+// form (batched, causal, packed cu_seqlens, seqused_k, head dim 64 and 128); not repair rows or VC mode.
 enum class QkFormat { kE4M3, kInt8 };
+// INT8 K key groups per 128-key block (numerics section 9): key j (c = j mod 128) is in group
+// ((c mod 8) / 2) + 4 * (c / 64), the keys one thread of a wgmma row quad holds.
+inline constexpr int kInt8KeyGroups = 8;
 
 inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile
 inline constexpr int kHeadDim = 128;         // default head dim (the sm_90a fast path takes 128 and 64)
@@ -38,8 +41,7 @@ struct Fp8Inputs {
   const uint8_t* q_codes = nullptr;   // [B, Sq, H, D] E4M3 (kInt8: INT8 bytes)
   const float* q_descale = nullptr;   // [B, H, ceil(Sq/128)] (kInt8: [B, H, Sq], one per row)
   const uint8_t* k_codes = nullptr;   // [B, Sk, H, D] E4M3 (kInt8: INT8 bytes)
-  const float* k_descale = nullptr;   // [B, H, ceil(Sk/128)] (kInt8: [B, H, ceil(Sk/128), 8], 8 key groups
-                                      // per 128-key block, numerics section 9)
+  const float* k_descale = nullptr;   // [B, H, ceil(Sk/128)] (kInt8: [B, H, ceil(Sk/128), kInt8KeyGroups])
   const uint8_t* v_packed = nullptr;  // [B, H, D, packed_seqlen_k(Sk)] E4M3, keys per kPackedKeyOrder
   const float* v_descale = nullptr;   // [B, H]
   QkFormat qk_format = QkFormat::kE4M3;  // last, so that positional initializers of the fields above stay valid
@@ -131,10 +133,9 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 //   kernel reads or writes outside the tensors; rows that no sequence covers are not written. Output
 //   [total_q, H, D] at out + t*out_stride_seq + h*out_stride_head (out_stride_batch ignored); LSE
 //   [H, total_q]. seqused_k may cut each sequence's keys further.
-// in.qk_format kInt8 (numerics section 9) runs in every form above, causal or not, head dim 128 or 64:
-// q_descale one per row ([B, H, Sq]; packed [num_seqs, H, max_seqlen_q], row i of sequence s at
-// (s * H + h) * max_seqlen_q + i), k_descale [.., nk, 8]. Not with repair rows or the VC baseline.
 // A query row that sees no key (causal with Sq > Sk, an empty key sequence) gets output 0, lse -inf.
+// in.qk_format kInt8 (numerics section 9) takes every one of these forms, causal and head dim 64 too;
+// not repair rows (Status::Unsupported naming qk_format).
 struct AttentionParams {
   Fp8Inputs in;
   RepairInputs repair;                 // optional (rows 0: none); plain batched calls only

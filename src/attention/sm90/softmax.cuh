@@ -10,6 +10,7 @@
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
+#include "openvc/attention.h"
 
 namespace openvc::sm90 {
 
@@ -162,8 +163,8 @@ __device__ __forceinline__ float mult_hi(RowMult a) { return a.hi; }
 
 // INT8 K (numerics section 9): 8 descales per 128-key block, one per key group. Thread t of a row quad
 // holds columns 8m+2t, 8m+2t+1 of chunk m, so its keys are group t in chunks 0..7 (s[0..31], half 0)
-// and group t + 4 in chunks 8..15 (s[32..63], half 1): two K descales per block and thread.
-inline constexpr int kInt8KeyGroups = 8;
+// and group t + 4 in chunks 8..15 (s[32..63], half 1): two K descales per block and thread
+// (kInt8KeyGroups = 8 of them per block, attention.h).
 struct KGroupPair {
   float h0, h1;   // the K descales of groups t (half 0) and t + 4 (half 1)
 };
