@@ -30,7 +30,12 @@ BACKENDS = {
     "fa3-fp8": ("anchor", "FlashAttention-3 FP8 e4m3", ("attention", "complete")),
     "fa4-bf16": ("anchor", "FlashAttention-4 (cute) BF16", ("attention",)),
     "cudnn-fp8": ("anchor", "cuDNN FP8 SDPA (frontend)", ("attention", "complete")),
+    # Quantization (INT8 Q/K per thread, K smoothing, FP8 PV) is inside its call: complete scope only.
+    "sage2": ("anchor", "SageAttention2 (INT8 QK + smooth K, FP8 PV)", ("complete",)),
 }
+# Backends timed eagerly (CUDA events around back-to-back calls), never from a CUDA graph: SageAttention2's
+# launches do not replay from a graph captured on a side stream (its graph timings come out impossibly fast).
+EAGER_ONLY = ("sage2",)
 # The BF16 output every other output is also compared against: the first of these that ran.
 BF16_REFERENCES = ("sdpa-cudnn", "sdpa-flash", "fa3-bf16")
 E4M3_MAX = 448.0
@@ -46,6 +51,7 @@ class Built:
     to_bshd: Callable = lambda out: out
     note: Optional[str] = None
     params: dict = dataclasses.field(default_factory=dict)
+    eager: bool = False   # time with CUDA events around eager calls, never in a CUDA graph
 
 
 def _first_out(out):
@@ -123,6 +129,8 @@ def available(name: str) -> tuple:
             _fa4()
         elif name == "cudnn-fp8":
             _import_first(["cudnn"], "pygraph")
+        elif name == "sage2":
+            _sage2()
         else:
             raise Missing(f"unknown backend {name!r}")
     except Missing as exc:
@@ -248,6 +256,24 @@ def build_fa4(inp, scope):
     return Built(lambda: mod.flash_attn_func(q, k, v, softmax_scale=scale, causal=False), _first_out)
 
 
+def _sage2():
+    """sageattention.sageattn (thu-ml/SageAttention, built as shared/tools/sage2-anchor.md says)."""
+    mod, _ = _import_first(["sageattention"], "sageattn")
+    return mod.sageattn
+
+
+def build_sage2(inp, scope, causal=False):
+    """SageAttention2: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal) on the BF16 [B, S, H, D]
+    inputs; on sm90 it runs sageattn_qk_int8_pv_fp8_cuda_sm90. Timed eagerly (Built.eager)."""
+    sageattn = _sage2()
+    q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
+    kwargs = {} if scale is None else {"sm_scale": scale}
+    params = {"call": f"sageattn(q, k, v, tensor_layout='NHD', is_causal={bool(causal)})",
+              "timing": "eager (its launches do not replay from a CUDA graph)"}
+    return Built(lambda: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal, **kwargs), _first_out,
+                 params=params, eager=True)
+
+
 def _quantize_tensor(x):
     """Per-tensor e4m3 codes and a [1,1,1,1] float32 descale (power-of-two scale)."""
     import torch
@@ -329,6 +355,8 @@ def build(name, inp, scope, *, repair_budget=None,
         return build_fa4(inp, scope)
     if name == "cudnn-fp8":
         return build_cudnn_fp8(inp, scope)
+    if name == "sage2":
+        return build_sage2(inp, scope)
     raise Missing(f"unknown backend {name!r}")
 
 
