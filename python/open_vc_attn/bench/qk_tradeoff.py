@@ -50,6 +50,8 @@ METHODS = {
 ISSUE_INPUTS = ("N(0,1)", "q,k x4", "RMS-normed q,k x3", "sink key x300", "q x2, K offset")
 VIDEO_INPUTS = ("video-like", "video-like sharp x3")
 INPUTS = ISSUE_INPUTS + VIDEO_INPUTS
+# --inputs takes these short keys (the names hold commas).
+INPUT_KEYS = dict(zip(("normal", "qk4", "rms3", "sink300", "koffset", "video", "video-sharp3"), INPUTS))
 PNG_SKIP_MESSAGE = "matplotlib is not installed: PNG skipped (pip install 'open-vc-attn[bench]')"
 
 
@@ -438,8 +440,8 @@ def parser():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--methods", type=lambda t: _names(t, tuple(METHODS), "methods"), default=list(METHODS),
                    help="comma list of " + ", ".join(METHODS))
-    p.add_argument("--inputs", type=lambda t: _names(t, INPUTS, "inputs"), default=list(INPUTS),
-                   help="comma list of " + ", ".join(INPUTS))
+    p.add_argument("--inputs", type=lambda t: [INPUT_KEYS[x] for x in _names(t, tuple(INPUT_KEYS), "inputs")],
+                   default=list(INPUTS), help="comma list of " + ", ".join(f"{k} ({v})" for k, v in INPUT_KEYS.items()))
     p.add_argument("--seqlen", type=int, default=4096, help="tokens of the accuracy inputs")
     p.add_argument("--heads", type=int, default=4, help="heads of the accuracy inputs")
     p.add_argument("--head-dim", type=int, default=128, help="head dim of the accuracy inputs")
