@@ -93,7 +93,7 @@ def _openvc(*names):
     return found
 
 
-def _openvc_runtime():
+def openvc_runtime():
     """Missing unless openvc's kernels can run here: the compiled extension, torch with CUDA and an sm_90
     GPU (the reason comes from the smoke check's probe, so both say the same)."""
     from ..cli import info
@@ -106,7 +106,7 @@ def available(name: str) -> tuple:
     """(status, reason) without running anything: ("ok", None) or ("missing", why)."""
     try:
         if name in ("open-vc", "open-vc-repair", "vc"):
-            _openvc_runtime()
+            openvc_runtime()
         if name == "open-vc":
             _openvc("prepare_fp8", "attention_fp8", "attention")
         elif name == "open-vc-repair":
@@ -130,7 +130,7 @@ def available(name: str) -> tuple:
         elif name == "cudnn-fp8":
             _import_first(["cudnn"], "pygraph")
         elif name == "sage2":
-            _sage2()
+            sage2_function()
         else:
             raise Missing(f"unknown backend {name!r}")
     except Missing as exc:
@@ -216,6 +216,11 @@ def _fa3():
                          "flash_attn_func")
 
 
+def fa3_module():
+    """The FlashAttention-3 interface module (flash_attn_interface on PYTHONPATH), or Missing."""
+    return _fa3()[0]
+
+
 def _fa4():
     return _import_first(["flash_attn.cute.interface", "flash_attn.cute", "flash_attn_4"], "flash_attn_func")
 
@@ -256,7 +261,7 @@ def build_fa4(inp, scope):
     return Built(lambda: mod.flash_attn_func(q, k, v, softmax_scale=scale, causal=False), _first_out)
 
 
-def _sage2():
+def sage2_function():
     """sageattention.sageattn (thu-ml/SageAttention, built as shared/tools/sage2-anchor.md says)."""
     mod, _ = _import_first(["sageattention"], "sageattn")
     return mod.sageattn
@@ -265,7 +270,7 @@ def _sage2():
 def build_sage2(inp, scope, causal=False):
     """SageAttention2: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal) on the BF16 [B, S, H, D]
     inputs; on sm90 it runs sageattn_qk_int8_pv_fp8_cuda_sm90. Timed eagerly (Built.eager)."""
-    sageattn = _sage2()
+    sageattn = sage2_function()
     q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
     kwargs = {} if scale is None else {"sm_scale": scale}
     params = {"call": f"sageattn(q, k, v, tensor_layout='NHD', is_causal={bool(causal)})",

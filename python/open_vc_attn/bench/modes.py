@@ -47,9 +47,9 @@ class Eager:
 
 
 def _sage2():
-    from .backends import Missing, _sage2 as find
+    from .backends import Missing, sage2_function
     try:
-        return find()
+        return sage2_function()
     except Missing:
         return None
 

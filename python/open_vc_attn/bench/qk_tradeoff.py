@@ -88,7 +88,7 @@ def method_status(name, ova=None) -> tuple:
     try:
         family, kw = METHODS[name][1], METHODS[name][2]
         if family == "openvc":
-            bk._openvc_runtime()
+            bk.openvc_runtime()
             if ova is None:
                 import open_vc_attn as ova
             from .modes import qk_format_support
@@ -96,9 +96,9 @@ def method_status(name, ova=None) -> tuple:
             if why is not None and kw != {"qk_format": "e4m3"}:
                 raise bk.Missing(why)
         elif family == "sage2":
-            bk._sage2()
+            bk.sage2_function()
         elif family == "fa3-fp8":
-            bk._fa3()
+            bk.fa3_module()
         elif family == "cudnn-bf16":
             import torch
             from torch.nn.attention import SDPBackend  # noqa: F401
@@ -133,12 +133,12 @@ def make_calls(name, q, k, v) -> dict:
             return _first(ova.attention(q, k, v, **kw))
         return {"complete": (call, False), "eager": (call, True)}
     if family == "sage2":
-        from .backends import _sage2
-        sageattn = _sage2()
+        from .backends import sage2_function
+        sageattn = sage2_function()
         return {"complete": (lambda: _first(sageattn(q, k, v, tensor_layout="NHD", is_causal=False)), True)}
     if family == "fa3-fp8":
-        from .backends import _fa3, quantize_per_head
-        fa3, _ = _fa3()
+        from .backends import fa3_module, quantize_per_head
+        fa3 = fa3_module()
 
         def fp8(qkv):
             (q8, dq), (k8, dk), (v8, dv) = qkv
