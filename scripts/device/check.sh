@@ -41,14 +41,10 @@
 #   host-breakdown    scripts/device/host_breakdown.py: host time of each step of one eager attention() call
 #                     (Sq = Sk = 256, H = 12) against SDPA; $OUT/host_breakdown.json.
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
-#   anchors           the same-run peers from the carried .anchors/ (git-ignored, never committed; made as
-#                     shared/tools/fa3-anchor.md and sage2-anchor.md say: fa-hopper.tar.xz, cutlass434.tar.xz,
-#                     sage.tar.xz): unpacks them under /tmp/w and starts, in the background and in parallel,
-#                     the FA3 build (hdim 64/128, BF16 + e4m3, forward only, no varlen) and the SageAttention2
-#                     build (sm90), logs $OUT/anchor-fa3.log, $OUT/anchor-sage2.log; sets PYTHONPATH for the
-#                     later steps (/tmp/w/fa/hopper, /tmp/w/sage). The builds outlive the call (setsid) on a
-#                     warm machine: a later call's `anchors` starts nothing while they run or once they ended
-#                     (ANCHORS_REBUILD=1 retries a failed one). FA3_JOBS, SAGE_JOBS: their MAX_JOBS (8, 6).
+#   anchors           the same-run peers: runs the carried, git-ignored .anchors/build.sh (made as
+#                     shared/tools/fa3-anchor.md and sage2-anchor.md say; it starts the FA3 and SageAttention2
+#                     builds in the background under /tmp/w, logs $OUT/anchor-*.log) and sets PYTHONPATH for the
+#                     later steps (/tmp/w/fa/hopper, /tmp/w/sage). On a warm machine a later call starts nothing new.
 #   modes-int8        python -m open_vc_attn.bench.modes --cases int8 (issue 25's shapes: openvc e4m3 / int8 /
 #                     int8+smooth, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS rounds, default 7).
 #   qk-tradeoff       python -m open_vc_attn.bench.qk_tradeoff: error vs speed of the Q/K formats and the peers,
@@ -317,41 +313,13 @@ ANCHORS_STARTED=
 
 anchor_running() { [ -f "$ANCHOR_W/$1.pid" ] && kill -0 "$(cat "$ANCHOR_W/$1.pid")" 2>/dev/null; }
 
-anchor_start() {  # anchor_start NAME DIR COMMAND...: in the background, outliving this call; rc in /tmp/w/NAME.rc
-  local name=$1 dir=$2; shift 2
-  if [ -f "$ANCHOR_W/$name.rc" ] && [ "$(cat "$ANCHOR_W/$name.rc")" = 0 ]; then echo "anchors: $name already built"; return 0; fi
-  if anchor_running "$name"; then echo "anchors: $name build running (pid $(cat "$ANCHOR_W/$name.pid"))"; return 0; fi
-  if [ -f "$ANCHOR_W/$name.rc" ] && [ -z "${ANCHORS_REBUILD:-}" ]; then
-    echo "anchors: $name build FAILED earlier (rc $(cat "$ANCHOR_W/$name.rc"), log $OUT/anchor-$name.log; ANCHORS_REBUILD=1 retries)"
-    return 0
-  fi
-  rm -f "$ANCHOR_W/$name.rc"
-  setsid nohup bash -c 'cd "$1" && shift && { time "$@"; }; echo $? > "'"$ANCHOR_W/$name.rc"'"' _ "$dir" "$@" \
-    > "$OUT/anchor-$name.log" 2>&1 < /dev/null &
-  echo $! > "$ANCHOR_W/$name.pid"
-  echo "anchors: $name build started (log $OUT/anchor-$name.log)"
-}
-
+# The peers are built by the carried, git-ignored .anchors/build.sh (made on the CPU machine as
+# shared/tools/fa3-anchor.md and sage2-anchor.md say; nothing that builds them is committed): it unpacks
+# under /tmp/w, starts both builds in the background (pid and exit code in /tmp/w/NAME.pid, NAME.rc for
+# NAME fa3 and sage2) and returns.
 step_anchors() {
-  local a=$REPO/.anchors f
-  for f in fa-hopper.tar.xz cutlass434.tar.xz sage.tar.xz; do
-    [ -f "$a/$f" ] || { echo "anchors: $a/$f missing (carry .anchors; shared/tools/fa3-anchor.md, sage2-anchor.md)"; return 1; }
-  done
-  mkdir -p "$ANCHOR_W"
-  if [ ! -d "$ANCHOR_W/fa/hopper" ]; then
-    tar xJf "$a/fa-hopper.tar.xz" -C "$ANCHOR_W" && tar xJf "$a/cutlass434.tar.xz" -C "$ANCHOR_W" || return 1
-    echo "# fa" > "$ANCHOR_W/fa/README.md"   # FA3's setup.py reads ../README.md
-  fi
-  [ -d "$ANCHOR_W/sage/sageattention" ] || tar xJf "$a/sage.tar.xz" -C "$ANCHOR_W" || return 1
-  anchor_start fa3 "$ANCHOR_W/fa/hopper" env FLASH_ATTENTION_DISABLE_BACKWARD=TRUE FLASH_ATTENTION_DISABLE_SPLIT=TRUE \
-    FLASH_ATTENTION_DISABLE_PAGEDKV=TRUE FLASH_ATTENTION_DISABLE_APPENDKV=TRUE FLASH_ATTENTION_DISABLE_LOCAL=TRUE \
-    FLASH_ATTENTION_DISABLE_SOFTCAP=TRUE FLASH_ATTENTION_DISABLE_PACKGQA=TRUE FLASH_ATTENTION_DISABLE_FP16=TRUE \
-    FLASH_ATTENTION_DISABLE_VARLEN=TRUE FLASH_ATTENTION_DISABLE_CLUSTER=TRUE FLASH_ATTENTION_DISABLE_HDIM96=TRUE \
-    FLASH_ATTENTION_DISABLE_HDIM192=TRUE FLASH_ATTENTION_DISABLE_HDIM256=TRUE FLASH_ATTENTION_DISABLE_SM80=TRUE \
-    FLASH_ATTENTION_DISABLE_HDIMDIFF64=TRUE FLASH_ATTENTION_DISABLE_HDIMDIFF192=TRUE \
-    MAX_JOBS=${FA3_JOBS:-8} NVCC_THREADS=2 "$PY" setup.py build_ext --inplace
-  anchor_start sage2 "$ANCHOR_W/sage" env TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=${SAGE_JOBS:-6} \
-    NVCC_APPEND_FLAGS="--threads 2" "$PY" setup.py build_ext --inplace
+  [ -f "$REPO/.anchors/build.sh" ] || { echo "anchors: carry .anchors (with its build.sh) to measure the peers"; return 1; }
+  OUT=$OUT PYTHON=$PY bash "$REPO/.anchors/build.sh" || return 1
   export PYTHONPATH=$ANCHOR_W/fa/hopper:$ANCHOR_W/sage${PYTHONPATH:+:$PYTHONPATH}
   ANCHORS_STARTED=1
 }
