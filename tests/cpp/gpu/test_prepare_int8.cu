@@ -5,7 +5,7 @@
 // past a sequence's end, smoothing means in the reference's blocked order, V unchanged. Every output and
 // the workspace are poisoned with 0xAB first. K codes at or past a key count are not compared: prepare_fp8
 // does not write them (attention never reads them), as for E4M3.
-// Run: openvc_gpu_tests --gtest_filter='PrepareInt8*:PrepareSmoothing*'
+// Run: openvc_gpu_tests --gtest_filter='*PrepareInt8*:PrepareSmoothing*'
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

@@ -330,6 +330,23 @@ TEST(Int8Attention, SmoothingHelpsKWithLargeChannelMean) {
   }
 }
 
+// K smoothing with E4M3 Q/K (section 1): the same channel means, then E4M3 per 128-key block. A large
+// per-channel K offset costs E4M3 too; smoothing removes it.
+TEST(Int8Attention, E4M3SmoothingHelpsKWithLargeChannelMean) {
+  for (float offset : {0.0f, 6.0f}) {
+    const Problem p = normal_problem({512}, {512}, 2, 128, 19, 1.0f, offset);
+    const PreparedInputs plain = prepare(p, QkFormat::kE4M3, false);
+    const PreparedInputs smooth = prepare(p, QkFormat::kE4M3, true);
+    ASSERT_EQ(smooth.k.mean.size(), 2u * 128u);
+    EXPECT_EQ(plain.q.codes, smooth.q.codes);  // Q is never smoothed
+    const double op = output_error(p, plain, false), os = output_error(p, smooth, false);
+    std::printf("[ e4m3 smoothing ] K channel offset %.1f: output rel_l2 plain %.5f smooth %.5f (%.2fx)\n", offset, op,
+                os, os / op);
+    EXPECT_LT(os, 1.1 * op) << "offset " << offset;
+    if (offset > 0) EXPECT_LT(os, 0.9 * op);
+  }
+}
+
 // Rows past nothing, empty key sequences, causal rows that see no key: 0 output and -inf lse, as in
 // the E4M3 mode; a zero V residual repair changes nothing in INT8 mode either.
 TEST(Int8Attention, EmptyRowsAndZeroRepair) {
