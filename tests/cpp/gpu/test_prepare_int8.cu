@@ -120,8 +120,9 @@ Expected reference(const Case& c, const Inputs& in) {
   return e;
 }
 
-// Runs prepare_fp8 on the case (outputs and workspace poisoned first) and compares every output.
-void run_and_check(const Case& c, const Inputs& in) {
+// Runs prepare_fp8 on the case (outputs and workspace poisoned first) and compares every output. graph:
+// captured into a CUDA graph on a non-blocking stream, then poisoned and replayed (stream order only).
+void run_and_check(const Case& c, const Inputs& in, bool graph = false) {
   SCOPED_TRACE(c.name);
   const int G = int(c.lens_q.size()), H = c.H, D = c.D;
   const std::vector<int> cu_q = offsets(c.lens_q), cu_k = offsets(c.lens_k);
@@ -172,9 +173,29 @@ void run_and_check(const Case& c, const Inputs& in) {
   p.v = view(dv, c.lens_k[0]);
   if (!c.counts.empty()) p.seqused_k = d_counts.as<const int>();
   dev.bind(p);
-  dev.poison(0);
-  const openvc::Status st = openvc::prepare_fp8(p, 0);
-  ASSERT_TRUE(st.ok()) << st.message();
+  if (graph) {
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const openvc::Status st = openvc::prepare_fp8(p, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &g));
+    ASSERT_TRUE(st.ok()) << st.message();
+    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    for (int replay = 0; replay < 2; ++replay) {  // the second replay sees the first one's workspace
+      dev.poison(stream);
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(stream);
+  } else {
+    dev.poison(0);
+    const openvc::Status st = openvc::prepare_fp8(p, 0);
+    ASSERT_TRUE(st.ok()) << st.message();
+  }
   CUDA_OK(cudaDeviceSynchronize());
   const PreparedHost got = dev.read(tq * H * D, tk * H * D);
   const Expected want = reference(c, in);
@@ -308,6 +329,17 @@ TEST(PrepareSmoothing, BlockedMeanOrder) {
       in.k.set(c.dtype, int64_t(256) * 64 + d, -0x1p53f);
     }
     run_and_check(c, in);
+  }
+}
+
+// prepare_fp8 with smoothing is stream-ordered (no host synchronization, no allocation): it captures into
+// a CUDA graph whose replays write the reference's bytes.
+TEST(PrepareSmoothing, CapturedInACudaGraph) {
+  SKIP_WITHOUT_SM90();
+  for (QkFormat f : {QkFormat::kInt8, QkFormat::kE4M3}) {
+    const Case c{f == QkFormat::kInt8 ? "int8_graph" : "e4m3_graph", DType::kBFloat16, true, {300, 0, 129},
+                 {1000, 0, 257}, 2, 128, f, true, {999, 0, 100}};
+    run_and_check(c, random_inputs(c, 17), /*graph=*/true);
   }
 }
 
