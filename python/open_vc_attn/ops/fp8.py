@@ -65,7 +65,8 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None)
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
     if workspace is None:
-        ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
+        max_seqlen_k = p.seqlen_k if packed_fields is None else p.max_seqlen_k
+        ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads, max_seqlen_k, False), q.device)   # v_amax scratch
         workspace = ws.data_ptr(), ws.numel()
     p.workspace, p.workspace_bytes = workspace
     dev.enqueue(ext.prepare_fp8, p, q.device)

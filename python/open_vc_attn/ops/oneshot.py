@@ -49,7 +49,7 @@ def _layout(b, sq, sk, h, d):
         shapes.append(shape)
         offsets.append(total)
         total += -(-n // _ALIGN) * _ALIGN
-    ws_bytes = max(int(_ext.load().prepare_workspace_bytes(b, h)), 16)
+    ws_bytes = max(int(_ext.load().prepare_workspace_bytes(b, h, sk, False)), 16)
     offsets.append(total)
     total += -(-ws_bytes // _ALIGN) * _ALIGN
     return tuple(shapes), tuple(offsets), ws_bytes, total
