@@ -4,9 +4,8 @@ The constants that the C++ library defines are mirrored here and checked against
 exports by tests/python/test_package_structure.py (one source of truth, verified):
 ``DEFAULT_MID_WINDOW_BLOCKS`` (``openvc::AttentionParams{}.mid_window_blocks``, the default key traversal
 of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER`` and
-``QUANT_BLOCK``. They are not read from the extension at import: ``import open_vc_attn`` must not load
-libopenvc (measured on the H200: loading it before torch made torch's own import segfault), and must
-work where the extension is not built.
+``QUANT_BLOCK``. They are not read from the extension at import: ``import open_vc_attn`` stays cheap and
+must work where the extension is not built.
 """
 from __future__ import annotations
 
