@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&qs, size_t(B) * H * nb * 4));
   CHECK_CUDA(cudaMalloc(&ks, size_t(B) * H * nb * 4));
   CHECK_CUDA(cudaMalloc(&vs, size_t(B) * H * 4));
-  const size_t wsb = openvc::prepare_workspace_bytes(B, H);
+  const size_t wsb = openvc::prepare_workspace_bytes(B, H, S, false);
   CHECK_CUDA(cudaMalloc(&ws, wsb));
   fill_normal_bf16<<<1024, 256>>>(q, n, 1);
   fill_normal_bf16<<<1024, 256>>>(k, n, 2);
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&qc8, n));
     CHECK_CUDA(cudaMalloc(&kc8, n));
     CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
-    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * 4));
+    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));  // [B, H, nb, 8]
     openvc::PrepareParams pp8 = pp;
     pp8.qk_format = openvc::QkFormat::kInt8;
     pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
