@@ -147,9 +147,9 @@ def check_token_strides(name, x):
                              f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
 
 
-def check_fp8_tensors(tensors, prefix, sizes=None, qk_format="e4m3"):
+def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3"):
     """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
-    sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format; returns (B, Sq, Sk, H, D). prefix
+    sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format fmt; returns (B, Sq, Sk, H, D). prefix
     names them in messages."""
     torch = import_torch()
     names = FP8_NAMES
@@ -163,7 +163,7 @@ def check_fp8_tensors(tensors, prefix, sizes=None, qk_format="e4m3"):
             raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {shape_of(bad[1])}")
         sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
     b, sq, sk, h, d = sizes
-    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, qk_format), tensors, prefix, sizes)
+    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt), tensors, prefix, sizes)
     if min(sizes) < 1 or max(sizes) > INT_MAX:
         raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
     check_one_cuda_device(names, tensors, prefix)
@@ -462,7 +462,8 @@ def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False, 
     if d not in FAST_HEAD_DIMS:
         raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim 128 or 64, got {d}")
     check_op_scalars(softmax_scale, mid_window_blocks)
-    require_fast_path(fmt, general_path_reason(d, sq, sk))
+    if fmt == "int8":   # (E4M3 past the range is the C++ side's to refuse, as before)
+        require_fast_path(fmt, general_path_reason(d, sq, sk))
     return b, sq, sk, h, d
 
 

@@ -304,6 +304,45 @@ def test_torch_compile_fullgraph_traces_int8(torch):
     assert calls["open_vc_attn.attention_fp8_full.default"][-1] == "int8"
 
 
+def test_parameter_structs_carry_the_format(torch, monkeypatch):
+    """What the CUDA implementations hand the extension (its enqueue replaced by a recorder, CPU tensors):
+    PrepareParams.qk_format / .k_smoothing with the workspace of prepare_workspace_bytes(groups, heads,
+    max_seqlen_k, k_smoothing), and Fp8Inputs.qk_format of the dense and the sequence attention."""
+    from open_vc_attn import _ext
+    from open_vc_attn.ops import device as dev
+    from open_vc_attn.ops import fp8
+    try:
+        ext = _ext.load()
+    except ImportError as exc:
+        pytest.skip(f"compiled extension not available: {str(exc)[:80]}")
+    seen = []
+    monkeypatch.setattr(dev, "enqueue", lambda fn, params, device: seen.append(params))
+    q = torch.zeros(2, 300, 3, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 700, 3, 64, dtype=torch.bfloat16)
+    for fmt, smooth in (("int8", True), ("int8", False), ("e4m3", True), ("e4m3", False)):
+        outs = fp8._prepare_outputs(q, k, dev.empty(q.device), fmt)
+        fp8.launch_prepare(q, k, k, outs, None, qk_format=fmt, k_smoothing=smooth)
+        p = seen[-1]
+        assert p.qk_format == getattr(ext.QkFormat, fmt) and p.k_smoothing == smooth
+        assert p.workspace_bytes >= ext.prepare_workspace_bytes(2, 3, 700, smooth)
+    cu = torch.zeros(4, dtype=torch.int32)
+    flat = torch.zeros(1000, 3, 64, dtype=torch.bfloat16)
+    outs = fp8._prepare_varlen_outputs(flat, flat, 3, 600, 900, dev.empty(q.device), "int8")
+    fp8.launch_prepare(flat, flat, flat, outs, dict(num_seqs=3, max_seqlen_q=600, max_seqlen_k=900,
+                                                    cu_seqlens_q=cu.data_ptr(), cu_seqlens_k=cu.data_ptr(),
+                                                    total_q=1000, total_k=1000), qk_format="int8", k_smoothing=True)
+    assert seen[-1].qk_format == ext.QkFormat.int8 and seen[-1].workspace_bytes >= ext.prepare_workspace_bytes(
+        3, 3, 900, True)
+    t = fp8._prepare_outputs(q, k, dev.empty(q.device), "int8")
+    fp8.enqueue_fast(t, (2, 300, 700, 3, 64), q.device, 0.0, 4, False, None, "int8")
+    assert seen[-1].in_.qk_format == ext.QkFormat.int8
+    fp8.enqueue_sequence(True, t, False, (2, 300, 700, 3, 64), q.device, None, None, 0, 0, 0.0, True, 4, True, None,
+                         None, "int8")
+    assert seen[-1].in_.qk_format == ext.QkFormat.int8 and seen[-1].causal
+    fp8.enqueue_fast(fp8._prepare_outputs(q, k, dev.empty(q.device)), (2, 300, 700, 3, 64), q.device, 0.0, 4, False)
+    assert seen[-1].in_.qk_format == ext.QkFormat.e4m3
+
+
 # ---- GPU -----------------------------------------------------------------------------------------------------
 
 def rel_l2(a, b):
