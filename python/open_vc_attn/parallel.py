@@ -14,8 +14,8 @@ Exactness (why ``ulysses_attention`` equals ``open_vc_attn.attention`` on the ga
 the all-to-alls move bytes without arithmetic; openvc computes each (batch, head) independently of the
 others and of the input strides, so attending H/N heads of the full sequence gives those heads' bytes of
 the single-GPU call. In the FP8 path, Q/K descales are per 128-token block (INT8: Q per row, K per 16-key
-group of a 128-key block), so a shard whose length is a multiple of 128 quantizes to the same groups; the V scale is one per (sequence, head), computed from the
-exact MAX all-reduce of the shards' amax, with the same FP32 arithmetic as the prepare kernel
+group of a 128-key block), so a shard whose length is a multiple of 128 quantizes to the same groups; the
+V scale is one per (sequence, head), computed from the exact MAX all-reduce of the shards' amax, with the same FP32 arithmetic as the prepare kernel
 (``448 / amax`` and ``amax / 448`` correctly rounded, one FP32 multiply, E4M3 round-to-nearest-even with
 saturation to +-448, NaN -> 0x7F).
 """

@@ -14,6 +14,7 @@ section 9, docs/api.md).
 On an H200: python3 -m pytest -q -rs tests/python/test_int8_mode.py
 """
 import dataclasses
+import itertools
 import warnings
 
 import pytest
@@ -371,7 +372,8 @@ def randn_qkv(torch, b, sq, sk, h, d=128, seed=0, qk_scale=1.0):
 @pytest.mark.parametrize("qk_scale", [1.0, 4.0])
 def test_gpu_int8_accuracy_against_exact_and_e4m3(torch, qk_scale):
     """Numerics section 9 (measured in CPU emulation at S = 4096: N(0,1) E4M3 5.6%, INT8 ~4.2%; q, k x4
-    E4M3 17.2%, INT8 5.4-5.8%): INT8 within a tolerance of exact attention, and below E4M3 on q, k x4."""
+    E4M3 17.2%, INT8 5.4-5.8%; at these sizes with E4M3-rounded exact P: 5.4 / 3.8 and 16.2 / 5.0): INT8
+    within a tolerance of exact attention, and below E4M3 on q, k x4."""
     q, k, v = randn_qkv(torch, 1, 2048, 2048, 4, seed=1, qk_scale=qk_scale)
     want = exact(torch, q, k, v)
     e4m3 = rel_l2(open_vc_attn.attention(q, k, v), want)
@@ -409,14 +411,19 @@ def test_gpu_every_call_class(torch, fmt, d):
     """Dense, causal, key padding mask, key counts, packed sequences, LSE, rank 3, D = 64: within the
     tolerance of exact attention; masks, counts and packing give the bits of the calls on the kept keys /
     each sequence alone (quantization is per sequence and over its valid keys)."""
-    warnings.simplefilter("error", RuntimeWarning)   # no call falls to the general path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # no call falls to the general path
+        _every_call_class(torch, fmt, d)
+
+
+def _every_call_class(torch, fmt, d):
     b, sq, sk, h = 2, 700, 900, 3
     q, k, v = randn_qkv(torch, b, sq, sk, h, d, seed=3)
     tol = 0.075
     out, lse = open_vc_attn.attention(q, k, v, return_lse=True, **fmt)
     assert rel_l2(out, exact(torch, q, k, v)) < tol
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * d ** -0.5
-    assert float((lse.double() - torch.logsumexp(s, -1)).abs().max()) < 0.05
+    assert float((lse.double() - torch.logsumexp(s, -1)).abs().max()) < 0.1   # ExpCast's row sums: a sanity bound
     out = open_vc_attn.attention(q, k, v, causal=True, **fmt)
     assert rel_l2(out, exact(torch, q, k, v, causal=True)) < tol
     # key padding mask = the call on the kept keys
@@ -438,7 +445,7 @@ def test_gpu_every_call_class(torch, fmt, d):
             assert torch.equal(out[i:i + 1], alone), (i, causal)
     # packed sequences = each sequence alone (lengths 1, 300, 0, 700, 129)
     lens_q, lens_k = [1, 300, 0, 700, 129], [900, 300, 5, 1, 0]
-    cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
     qp, kp, vp = (x.reshape(-1, h, d) for x in (q, k, v))
     cu_q, cu_k = cu(lens_q), cu(lens_k)
     for causal in (False, True):
@@ -545,7 +552,8 @@ def test_gpu_k_smoothing_invariance(torch, d):
     INT8 spends its K groups' range on the offset and degrades."""
     q, k, v = randn_qkv(torch, 1, 1024, 1024, 4, d, seed=9)
     g = torch.Generator(device="cuda").manual_seed(10)
-    offset = torch.randn(d, device="cuda", generator=g) * 8
+    offset = torch.randn(d, device="cuda", generator=g) * 16   # CPU emulation: plain INT8 3.8% -> 11.5% (D 128),
+    # 3.7% -> 9.1% (D 64); smoothed 3.8% both (P as E4M3-rounded exact exponentials, S = 1024)
     k_off = (k.float() + offset).to(torch.bfloat16)
     err = {}
     for name, kk in (("base", k), ("offset", k_off)):

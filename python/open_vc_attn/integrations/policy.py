@@ -1,10 +1,11 @@
 """Which attention calls of a framework go to openvc: the one dispatch policy of every integration.
 
 :func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
-no synchronization) and answers ``(OPENVC, "")`` (with the default format) when :func:`open_vc_attn.attention`
-computes exactly this call (with ``key_padding_mask=attn_mask, causal=causal``), or ``(FALLBACK, reason)`` when the framework's
-own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts,
-BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or
+no synchronization) and answers ``(OPENVC, "")`` (with the default format) when
+:func:`open_vc_attn.attention` computes exactly this call (with ``key_padding_mask=attn_mask,
+causal=causal``), or ``(FALLBACK, reason)`` when the framework's own attention should run it. openvc's
+fast path is the sm_90a kernel: head dim 128 or 64, equal head counts, BF16/FP16 CUDA tensors on a
+compute capability 9.0 device, unmasked or with a key padding mask (bool, or
 additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
 causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
 per-head masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys
