@@ -487,6 +487,25 @@ def test_gpu_prepare_once_attend_twice(torch, fmt):
 
 
 @pytest.mark.gpu
+def test_gpu_opcheck_int8(torch):
+    """torch.library.opcheck of the ops with qk_format "int8": the fakes' INT8 shapes, dtypes and strides are
+    the real ones, and the schemas' format arguments are what the implementations read."""
+    ops = torch.ops.open_vc_attn
+    q, k, v = randn_qkv(torch, 1, 130, 300, 2, seed=11)
+    torch.library.opcheck(ops.prepare_fp8.default, (q, k, v, None, "int8", True))
+    p = open_vc_attn.prepare_fp8(q, k, v, **SMOOTH)
+    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), 0.0, 4, True, None, "int8"))
+    torch.library.opcheck(ops.attention_fp8_full.default, (*p.tensors(), None, None, 0, 0, 0.1, True, -1, True, None,
+                                                           None, "int8"))
+    flat = [x[0] for x in randn_qkv(torch, 1, 500, 500, 2, seed=12)]
+    cu = torch.tensor([0, 129, 500], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(ops.prepare_fp8_varlen.default, (*flat, cu, cu, 371, 371, None, "int8", False))
+    pv = open_vc_attn.prepare_fp8(*flat, cu, cu, 371, 371, **INT8)
+    torch.library.opcheck(ops.attention_fp8_full.default, (*pv.tensors(), cu, cu, 371, 371, 0.0, True, 4, True, None,
+                                                           None, "int8"))
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_graph_replay_with_new_inputs(torch):
     b, s, h = 2, 520, 2
     q, k, v = randn_qkv(torch, b, s, s, h, seed=5)
