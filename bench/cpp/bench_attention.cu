@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "openvc/attention.h"
@@ -19,7 +20,7 @@
 
 #include "attention/sm90/kernel_launch.cuh"
 #ifdef OPENVC_BENCH_PREV
-#include "attention/sm90prev/launch.cuh"   // scripts/prev_kernel.sh: an earlier commit's kernel
+#include "attention/sm90prev/kernel_launch.cuh"   // scripts/prev_kernel.sh: an earlier commit's kernel
 #endif
 #endif
 
@@ -90,10 +91,20 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
 }
 
 #ifdef OPENVC_BENCH_PREV
-// The earlier kernel takes the call's parameters (its fields are a prefix of today's).
-const openvc::AttentionParams* g_prev_params = nullptr;
-openvc::Status launch_prev(const openvc::sm90::LaunchPlan&, cudaStream_t s) {
-  return openvc::sm90prev::launch_expcast_attention<0>(*g_prev_params, s);
+// The earlier kernel's plain production instantiation on today's launch plan: the tensor maps and grid
+// copied over, and the KernelParams bytes of the earlier layout (fields are only ever appended at the
+// end, so the earlier struct is a prefix of today's). Earlier commits with the LaunchPlan /
+// launch_kernel<Mode, Probe> interface (kernel_launch.cuh) only.
+openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
+  namespace prev = openvc::sm90prev;
+  static_assert(sizeof(prev::KernelParams) <= sizeof(openvc::sm90::KernelParams),
+                "the earlier KernelParams must be a prefix of today's");
+  prev::LaunchPlan pl;
+  pl.tm_q = plan.tm_q, pl.tm_k = plan.tm_k, pl.tm_v = plan.tm_v, pl.tm_krep = plan.tm_krep, pl.tm_vrep = plan.tm_vrep;
+  std::memcpy(&pl.kp, &plan.kp, sizeof(pl.kp));
+  pl.grid = plan.grid;
+  pl.mode = prev::kPlainMode;
+  return prev::launch_kernel<prev::kPlainMode, prev::kNoProbe>(pl, s);
 }
 #endif
 
@@ -138,9 +149,6 @@ int main(int argc, char** argv) {
   pp.q_codes = qc, pp.q_descale = qs, pp.k_codes = kc, pp.k_descale = ks, pp.v_packed = vp, pp.v_descale = vs;
   pp.workspace = ws, pp.workspace_bytes = wsb;
   openvc::AttentionParams ap;
-#ifdef OPENVC_BENCH_PREV
-  g_prev_params = &ap;
-#endif
   ap.in = {B, S, S, H, D, qc, qs, kc, ks, vp, vs};
   ap.out = out;
   ap.out_stride_batch = int64_t(S) * H * D, ap.out_stride_seq = int64_t(H) * D, ap.out_stride_head = D;
@@ -174,8 +182,10 @@ int main(int argc, char** argv) {
               S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, prep_gbs, 100.0 * prep_gbs / copy_gbs, copy_gbs,
               t_full, 100.0 * (t_full / t_attn - 1.0));
   if (argc > 6 && std::string(argv[6]) == "int8") {
-    // The INT8 Q/K mode (numerics section 9) against the E4M3 mode on the same BF16 inputs, alternating
-    // (attention kernel and complete call, CUDA graphs, medians of `rounds`).
+    // The INT8 Q/K mode (numerics section 9) against the E4M3 mode on the same BF16 inputs, dense and
+    // causal, alternating in the same process (attention kernel and complete call, CUDA graphs, medians
+    // of `rounds`). K descales [B, H, nk, 8] (key groups): filled with a plausible value (0.046, an amax
+    // of about 5.9) first, so that a preparation writing fewer entries leaves no garbage for the kernel.
     uint8_t *qc8, *kc8;
     float *qs8, *ks8;
     CHECK_CUDA(cudaMalloc(&qc8, n));
@@ -188,9 +198,13 @@ int main(int argc, char** argv) {
     openvc::AttentionParams ap8 = ap;
     ap8.in.qk_format = openvc::QkFormat::kInt8;
     ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    openvc::AttentionParams apc = ap, ap8c = ap8;
+    apc.causal = ap8c.causal = true;
     CHECK_OK(openvc::prepare_fp8(pp8, s));
     CHECK_OK(openvc::attention_fp8(ap8, s));
+    CHECK_OK(openvc::attention_fp8(ap8c, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
+    const double flop_causal = flop / 2;   // the visible half (S = Sq = Sk)
     for (int r = 0; r < 3; ++r) {
       const float e4 = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
       const float i8 = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8, s)); }, s, rounds, reps);
@@ -198,9 +212,41 @@ int main(int argc, char** argv) {
         CHECK_OK(openvc::prepare_fp8(pp8, s));
         CHECK_OK(openvc::attention_fp8(ap8, s));
       }, s, rounds, reps);
-      std::printf("  int8 round %d: attention e4m3 %.1f TFLOP/s, int8 %.1f TFLOP/s (int8/e4m3 %.3f); int8 complete "
-                  "%.1f TFLOP/s\n", r, flop / e4 * 1e-9, flop / i8 * 1e-9, e4 / i8, flop / i8_full * 1e-9);
+      const float e4c = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(apc, s)); }, s, rounds, reps);
+      const float i8c = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8c, s)); }, s, rounds, reps);
+      std::printf("  int8 round %d: dense attention e4m3 %.1f TFLOP/s, int8 %.1f TFLOP/s (int8/e4m3 %.3f); int8 "
+                  "complete %.1f TFLOP/s | causal e4m3 %.1f, int8 %.1f TFLOP/s (int8/e4m3 %.3f)\n",
+                  r, flop / e4 * 1e-9, flop / i8 * 1e-9, e4 / i8, flop / i8_full * 1e-9, flop_causal / e4c * 1e-9,
+                  flop_causal / i8c * 1e-9, e4c / i8c);
     }
+#ifdef OPENVC_BENCH_VARIANTS
+    // The INT8 score conversion: production (IADD + FADD, exact) against I2FP.F32.S32 (probe
+    // kInt8ConvertI2F), dense, interleaved rounds with paired ratios; both give the same bytes.
+    {
+      using namespace openvc::sm90;
+      LaunchPlan plan8;
+      CHECK_OK(plan_attention(ap8, nullptr, &plan8));
+      std::vector<__nv_bfloat16> a(n), b(n);
+      CHECK_OK((launch_kernel<kInt8QkMode, kNoProbe>(plan8, s)));
+      CHECK_CUDA(cudaMemcpyAsync(a.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+      CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));
+      CHECK_OK((launch_kernel<kInt8QkMode, kInt8ConvertI2F>(plan8, s)));
+      CHECK_CUDA(cudaMemcpyAsync(b.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      size_t differ = 0;
+      for (size_t i = 0; i < n; ++i) differ += std::memcmp(&a[i], &b[i], 2) != 0;
+      std::vector<float> ratio;
+      for (int r = 0; r < rounds; ++r) {
+        const float tp = graph_median_ms([&] { CHECK_OK((launch_kernel<kInt8QkMode, kNoProbe>(plan8, s))); }, s, 1, reps);
+        const float ti = graph_median_ms([&] { CHECK_OK((launch_kernel<kInt8QkMode, kInt8ConvertI2F>(plan8, s))); }, s, 1,
+                                         reps);
+        ratio.push_back(ti / tp);
+      }
+      std::sort(ratio.begin(), ratio.end());
+      std::printf("  int8 conversion: I2FP.F32.S32 takes %+.2f%% time vs IADD+FADD (paired median of %d); %zu of %zu "
+                  "outputs differ (expected 0)\n", 100.0 * (ratio[rounds / 2] - 1.0), rounds, differ, n);
+    }
+#endif
     CHECK_CUDA(cudaFree(qc8));
     CHECK_CUDA(cudaFree(kc8));
     CHECK_CUDA(cudaFree(qs8));

@@ -145,9 +145,10 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 //   kernel reads or writes outside the tensors; rows that no sequence covers are not written. Output
 //   [total_q, H, D] at out + t*out_stride_seq + h*out_stride_head (out_stride_batch ignored); LSE
 //   [H, total_q]. seqused_k may cut each sequence's keys further.
+// in.qk_format kInt8 (numerics section 9) runs in every form above, causal or not, head dim 128 or 64:
+// q_descale one per row ([B, H, Sq]; packed [num_seqs, H, max_seqlen_q], row i of sequence s at
+// (s * H + h) * max_seqlen_q + i), k_descale [.., nk, 8]. Not with repair rows or the VC baseline.
 // A query row that sees no key (causal with Sq > Sk, an empty key sequence) gets output 0, lse -inf.
-// in.qk_format kInt8 (numerics section 9) takes every one of these forms, causal and head dim 64 too;
-// not repair rows (Status::Unsupported naming qk_format).
 struct AttentionParams {
   Fp8Inputs in;
   RepairInputs repair;                 // optional (rows 0: none); plain batched calls only

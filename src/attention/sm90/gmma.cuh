@@ -66,7 +66,7 @@ __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
 }
 
 // S(64x128) = Q(64xD) K^T: D/32 k32 steps over the head dim, one commit group. kInt8: s holds the int32
-// sums' bits until scores_to_float.
+// sums' bits (the row max works on them, the conversion converts them at the FMA: softmax.cuh).
 template <int kD, bool kInt8 = false>
 __device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float (&s)[64]) {
   fence_regs(s);
@@ -77,15 +77,6 @@ __device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float
                 k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One, std::make_index_sequence<64>{});
   cute::warpgroup_commit_batch();
   fence_regs(s);
-}
-
-// INT8 scores (waited for): the exact int32 sums to FP32, exact too (|acc| <= 128 * 127^2 < 2^24).
-template <bool kInt8>
-__device__ __forceinline__ void scores_to_float(float (&s)[64]) {
-  if constexpr (kInt8) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = __int2float_rn(__float_as_int(s[i]));
-  }
 }
 
 // [O | l](64 x D+8) (+)= P(64x128 keys) [V | 1](128 keys x D+8): four k32 steps over the keys; `fresh`

@@ -43,7 +43,8 @@ struct alignas(1024) SharedStorage {
   int seq_tile0[has_mode<kMode>(kVarlenMode) ? kMaxCompactSeqs + 1 : 1];  // varlen: the compact tile space
   static_assert(C::kQBytes % 1024 == 0 && C::kTileBytes % 1024 == 0 && C::kVStageBytes % 1024 == 0,
                 "swizzled operand tiles must stay 1024-byte aligned");
-  static_assert(!has_mode<kMode>(kInt8QkMode) || kMode == kInt8QkMode, "INT8 Q/K: the dense head-dim-128 mode only so far");
+  static_assert(!has_mode<kMode>(kInt8QkMode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
+                "INT8 Q/K combines with causal, varlen and head dim 64, not with repair or VC");
   static_assert(!has_mode<kMode>(kHeadDim64Mode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
                 "repair and VC modes are built for head dim 128 only");
 };
@@ -53,8 +54,11 @@ using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
 
 // The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9): one per tile
-// for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows r and r + 8 of this thread;
-// rows past Sq, whose Q codes are zero, read the last row's descale).
+// for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows r and r + 8 of this thread).
+// INT8 q_descale is [sequences, H, seqlen_q] batched and packed alike (packed: seqlen_q = max_seqlen_q,
+// row i of sequence b at (b * H + h) * max_seqlen_q + i, 0 past the sequence's end). Rows past
+// seqlen_q (never stored; batched: Q codes zero) read the last row's descale, so with b < sequences
+// and h < H (the tile space) no read leaves the [sequences * H * seqlen_q] array whatever the offsets.
 template <int kMode>
 __device__ __forceinline__ auto q_multiplier(const KernelParams& p, const TileCoord& c, int row) {
   if constexpr (has_mode<kMode>(kInt8QkMode)) {
@@ -64,6 +68,24 @@ __device__ __forceinline__ auto q_multiplier(const KernelParams& p, const TileCo
   } else {
     return p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
   }
+}
+
+// The (b, h)'s K descales: [nk] E4M3 (one per 128-key block), [nk, 8] INT8 (key groups; 64-bit index).
+template <bool kInt8>
+__device__ __forceinline__ const float* k_descales(const KernelParams& p, const TileCoord& c) {
+  if constexpr (kInt8) return p.k_descale + (int64_t(c.b) * p.heads + c.h) * p.num_k_blocks * kInt8KeyGroups;
+  else return p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
+}
+// The first block's K descale(s) and the one-iteration-ahead prefetch of the next block's.
+template <bool kInt8>
+__device__ __forceinline__ auto block_k_descale(const float* kd, int blk, int t) {
+  if constexpr (kInt8) return load_k_groups(kd, blk, t);
+  else return kd[blk];
+}
+template <bool kInt8>
+__device__ __forceinline__ auto prefetch_k_descale(const float* kd, int blk, int t) {
+  if constexpr (kInt8) return load_k_groups(kd, blk, t);
+  else return __ldg(kd + blk);
 }
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
@@ -261,7 +283,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const int n = w.n;
     const KeyOrder& order = w.order;
     const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
-    const float* kd = p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
+    const float* kd = k_descales<kInt8>(p, c);
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
     int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
@@ -294,11 +316,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     issue_order.after();
     cute::warpgroup_wait<0>();
     fence_regs(s);
-    scores_to_float<kInt8>(s);
     release(&sh.k_empty[ring.stage]);
     if (n == 1 && !kRepair) release(&sh.q_empty);
     {
-      const auto a = qscale * kd[blk];
+      const auto a = qscale * block_k_descale<kInt8>(kd, blk, t);
       const BlockMask mask = mask_of(blk);
       float t_lo, t_hi;
       tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
@@ -310,7 +331,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     bool pv_fresh = true;  // the next PV starts a new tensor-core accumulator
     // Each block's K descale is loaded one iteration ahead, so no load latency sits between the
     // QK^T wait and the conversion.
-    float kd_next = n > 1 ? __ldg(kd + order(1)) : 0.0f;
+    // INT8: this thread's two key-group descales (groups t and t + 4) of the block.
+    using KDescale = std::conditional_t<kInt8, KGroupPair, float>;
+    KDescale kd_next = n > 1 ? prefetch_k_descale<kInt8>(kd, order(1), t) : KDescale{};
 
     // Issue of one key block: QK^T of the ring's current K tile and PV of the previous tile's codes,
     // then the wait for QK^T (PV keeps running). Shared by the original and the repair blocks.
@@ -323,7 +346,6 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       issue_order.after();
       cute::warpgroup_wait<1>();
       fence_regs(s);
-      scores_to_float<kInt8>(s);
       release(&sh.k_empty[ring.stage]);
       if (last) release(&sh.q_empty);  // the Q tile is read for the last time
     };
@@ -339,10 +361,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       // Causal full steps run to the last block, so they test for it (and for the prefetch bound).
       constexpr bool kMaybeLast = kMaybePartial || kCausal;
       blk = order(i);
-      const float kd_blk = kd_next;
-      if (!kMaybeLast || i + 1 < n) kd_next = __ldg(kd + order(i + 1));
+      const KDescale kd_blk = kd_next;
+      if (!kMaybeLast || i + 1 < n) kd_next = prefetch_k_descale<kInt8>(kd, order(i + 1), t);
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
-      // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3).
+      // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3; INT8:
+      // ((qk_multiplier * dq_row) * dk_group), one per row and half, section 9).
       const auto a = qscale * kd_blk;
       const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{Cfg::kBlockN, Cfg::kBlockN, false};
       float t_lo, t_hi;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/call_pointers.h"
@@ -104,9 +105,9 @@ Status validate_form(const AttentionParams& p, bool vc) {
   const bool varlen = sh.packed || p.seqused_k != nullptr;
   if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)
     return Status::Invalid("in.qk_format must be kE4M3 or kInt8");
-  if (in.qk_format == QkFormat::kInt8 && (varlen || p.causal || p.repair.rows > 0 || vc || in.head_dim != 128))
-    return Status::Unsupported("in.qk_format kInt8: the sm_90a kernel takes dense batched head_dim 128 calls only so "
-                               "far (no cu_seqlens, seqused_k, causal, repair rows or VC mode)");
+  if (in.qk_format == QkFormat::kInt8 && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string("in.qk_format kInt8: ") + (vc ? "the VC mode" : "repair rows") +
+                               " take E4M3 Q/K only (kInt8 runs dense, causal, cu_seqlens and seqused_k calls)");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
@@ -291,22 +292,23 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   return Status::Ok();
 }
 
+namespace {
+// The dispatch over kProductionModes (mode.h): a compile-time search, one comparison per table entry,
+// that launches the entry equal to the plan's mode (instantiated in its generated translation unit).
+template <size_t... I>
+Status launch_production_mode(const LaunchPlan& plan, cudaStream_t stream, std::index_sequence<I...>) {
+  Status st;
+  const bool found = ((plan.mode == kProductionModes[I] && (st = launch_mode<kProductionModes[I]>(plan, stream), true)) ||
+                      ...);
+  if (!found)
+    return Status::Unsupported("attention_fp8: no kernel for mode " + str(plan.mode) + " (" + mode_name(plan.mode) +
+                               "): not in kProductionModes");
+  return st;
+}
+}  // namespace
+
 Status launch_plan(const LaunchPlan& plan, cudaStream_t stream) {
-  switch (plan.mode) {
-    case kPlainMode: return launch_mode<kPlainMode>(plan, stream);
-    case kRepairMode: return launch_mode<kRepairMode>(plan, stream);
-    case kVcMode: return launch_mode<kVcMode>(plan, stream);
-    case kCausalMode: return launch_mode<kCausalMode>(plan, stream);
-    case kVarlenMode: return launch_mode<kVarlenMode>(plan, stream);
-    case kVarlenMode | kCausalMode: return launch_mode<kVarlenMode | kCausalMode>(plan, stream);
-    case kHeadDim64Mode: return launch_mode<kHeadDim64Mode>(plan, stream);
-    case kHeadDim64Mode | kCausalMode: return launch_mode<kHeadDim64Mode | kCausalMode>(plan, stream);
-    case kHeadDim64Mode | kVarlenMode: return launch_mode<kHeadDim64Mode | kVarlenMode>(plan, stream);
-    case kHeadDim64Mode | kVarlenMode | kCausalMode:
-      return launch_mode<kHeadDim64Mode | kVarlenMode | kCausalMode>(plan, stream);
-    case kInt8QkMode: return launch_mode<kInt8QkMode>(plan, stream);
-    default: return Status::Unsupported("attention_fp8: no kernel for mode " + str(plan.mode));
-  }
+  return launch_production_mode(plan, stream, std::make_index_sequence<kNumProductionModes>{});
 }
 
 }  // namespace openvc::sm90

@@ -1,8 +1,12 @@
 // Production modes of the sm_90a ExpCast kernel: compile-time policies of the one pipeline, combined
-// as bits. Each combination the library launches is instantiated in its own file under
-// instantiations/ (launch.cu picks one from the call's parameters); timing probes are apart
-// (probes.h) and never built into the library.
+// as bits. kProductionModes below is the one list of the combinations the library launches: the
+// build instantiates each entry in its own translation unit (src/CMakeLists.txt generates
+// instantiations/mode_shard.cu.in once per shard) and launch.cu's dispatch searches it at compile time.
+// Timing probes are apart (probes.h) and never built into the library.
 #pragma once
+
+#include <cstddef>
+#include <string>
 
 #include "attention/sm90/config.h"
 
@@ -26,10 +30,65 @@ enum Mode : int {
   // and a 64 x 72 PV accumulator; combines with causal and varlen (not with repair or VC).
   kHeadDim64Mode = 16,
   // INT8 Q and K (qk_format int8, numerics section 9): QK^T on the s8 tensor cores with exact int32
-  // accumulators, converted to FP32 before the same ExpCast arithmetic; one Q descale per query row,
-  // so each thread carries a multiplier for each of its two rows. Dense head dim 128 for now.
+  // accumulators, converted to FP32 at the ExpCast FMA; one Q descale per query row and 8 K descales
+  // per key block (key groups), so each thread carries a multiplier per row and per half of the tile.
+  // Combines with causal, varlen and head dim 64 (not with repair or VC).
   kInt8QkMode = 32,
 };
+
+// The one list of production modes (every Mode combination the library builds and launches). Adding
+// a mode: docs/architecture.md, "Adding a mode".
+inline constexpr int kProductionModes[] = {
+    kPlainMode,
+    kVcMode,
+    kRepairMode,
+    kCausalMode,
+    kVarlenMode,
+    kVarlenMode | kCausalMode,
+    kHeadDim64Mode,
+    kHeadDim64Mode | kCausalMode,
+    kHeadDim64Mode | kVarlenMode,
+    kHeadDim64Mode | kVarlenMode | kCausalMode,
+    kInt8QkMode,
+    kInt8QkMode | kCausalMode,
+    kInt8QkMode | kVarlenMode,
+    kInt8QkMode | kVarlenMode | kCausalMode,
+    kInt8QkMode | kHeadDim64Mode,
+    kInt8QkMode | kHeadDim64Mode | kCausalMode,
+    kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
+};
+inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
+
+constexpr bool is_production_mode(int mode) {
+  for (int m : kProductionModes)
+    if (m == mode) return true;
+  return false;
+}
+constexpr bool production_modes_unique() {
+  for (int i = 0; i < kNumProductionModes; ++i)
+    for (int j = i + 1; j < kNumProductionModes; ++j)
+      if (kProductionModes[i] == kProductionModes[j]) return false;
+  return true;
+}
+static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
+
+// The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
+inline std::string mode_name(int mode) {
+  static constexpr struct { int bit; const char* name; } kBits[] = {
+      {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
+      {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"}};
+  std::string s;
+  for (const auto& b : kBits)
+    if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;
+  if (mode != 0) {
+    static const char* kHex = "0123456789abcdef";
+    std::string hex;
+    for (unsigned u = unsigned(mode); u != 0; u >>= 4) hex.insert(hex.begin(), kHex[u & 15]);
+    s += (s.empty() ? "0x" : "|0x") + hex;
+  }
+  return s.empty() ? "plain" : s;
+}
 
 template <int kMode>
 inline constexpr bool has_mode(Mode m) {

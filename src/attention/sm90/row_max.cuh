@@ -1,6 +1,7 @@
 // Row maxima of a 64x128 score tile in the wgmma accumulator layout (lane 4g+t holds rows g and g+8,
 // columns 8j+2t and 8j+2t+1 of every 8-column chunk j), for the running max of numerics section 3.
 #pragma once
+#include <climits>
 #include <cmath>
 
 #include "attention/sm90/config.h"
@@ -50,6 +51,41 @@ __device__ __forceinline__ void thread_row_max_bits(const float (&s)[64], int t,
     lo = __int_as_float(lo_i);
     hi = __int_as_float(hi_i);
   }
+}
+
+// INT8 tiles (s holds int32 sums' bits): this thread's integer maxima per row and half of the tile,
+// m = {row g chunks 0..7, row g chunks 8..15, row g+8 chunks 0..7, row g+8 chunks 8..15} (the halves
+// have different K multipliers, so they stay apart). Integer max is exact for any sign: no fallback.
+// kMasked: columns at or past valid_lo / valid_hi left out (kNoInt8Score where a half has none).
+inline constexpr int kNoInt8Score = INT_MIN;   // below every score (|acc| < 2^22)
+template <bool kMasked>
+__device__ __forceinline__ void thread_row_max_int8(const float (&s)[64], int valid_lo, int valid_hi, int t,
+                                                    int (&m)[4]) {
+  auto v = [&](int j, int i, int valid) {   // score i of chunk j, or kNoInt8Score past `valid`
+    const int col = 8 * j + 2 * t + (i & 1);
+    return !kMasked || col < valid ? __float_as_int(s[4 * j + i]) : kNoInt8Score;
+  };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j0 = 8 * half;
+    int lo = max(v(j0, 0, valid_lo), v(j0, 1, valid_lo));
+    int hi = max(v(j0, 2, valid_hi), v(j0, 3, valid_hi));
+#pragma unroll
+    for (int j = j0 + 1; j < j0 + 8; ++j) {
+      lo = __vimax3_s32(lo, v(j, 0, valid_lo), v(j, 1, valid_lo));
+      hi = __vimax3_s32(hi, v(j, 2, valid_hi), v(j, 3, valid_hi));
+    }
+    m[half] = lo;
+    m[2 + half] = hi;
+  }
+}
+
+// Maxima of rows g (lo) and g+8 (hi) over the 4 threads of the row quad.
+__device__ __forceinline__ void quad_max(float& lo, float& hi) {
+  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+  lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
+  hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
 }
 
 // Row maxima of the raw accumulators over the 4 threads of a row (code units follow by multiplying

@@ -160,22 +160,75 @@ __device__ __forceinline__ float mult_hi(float a) { return a; }
 __device__ __forceinline__ float mult_lo(RowMult a) { return a.lo; }
 __device__ __forceinline__ float mult_hi(RowMult a) { return a.hi; }
 
+// INT8 K (numerics section 9): 8 descales per 128-key block, one per key group. Thread t of a row quad
+// holds columns 8m+2t, 8m+2t+1 of chunk m, so its keys are group t in chunks 0..7 (s[0..31], half 0)
+// and group t + 4 in chunks 8..15 (s[32..63], half 1): two K descales per block and thread.
+inline constexpr int kInt8KeyGroups = 8;
+struct KGroupPair {
+  float h0, h1;   // the K descales of groups t (half 0) and t + 4 (half 1)
+};
+// This thread's K descales of block blk (kd: the (b, h)'s [nk, 8] descales).
+__device__ __forceinline__ KGroupPair load_k_groups(const float* kd, int blk, int t) {
+  return {__ldg(kd + blk * kInt8KeyGroups + t), __ldg(kd + blk * kInt8KeyGroups + t + 4)};
+}
+// The multipliers of an INT8 tile: rows g (lo) and g+8 (hi) by halves 0 and 1, each
+// ((qk_multiplier * dq_row) * dk_group) in the reference's order (RowMult holds the first product).
+struct QuadMult {
+  float lo0, lo1, hi0, hi1;
+};
+__device__ __forceinline__ QuadMult operator*(RowMult q, KGroupPair k) {
+  return {q.lo * k.h0, q.lo * k.h1, q.hi * k.h0, q.hi * k.h1};
+}
+__device__ __forceinline__ QuadMult operator*(QuadMult a, float x) {   // probes (kDoubleConvert)
+  return {a.lo0 * x, a.lo1 * x, a.hi0 * x, a.hi1 * x};
+}
+
+// The exact FP32 value of an INT8 tile's int32 score (its bits in a float register). |acc| <= D * 127^2
+// <= 128 * 16129 < 2^22 (D = 64: half that), so the integer added to the bits of 1.5 * 2^23 (0x4B400000)
+// stays inside the mantissa (2^22 + acc in (0, 2^23), no carry into the exponent): the float is
+// 1.5 * 2^23 + acc exactly, and subtracting 1.5 * 2^23 is exact. One IADD and one FADD on the fast pipes
+// instead of I2FP.F32.S32 (a conversion-pipe instruction).
+// kI2F (probe kInt8ConvertI2F): the plain conversion instruction, for timing.
+template <bool kI2F = false>
+__device__ __forceinline__ float int8_score(float acc_bits) {
+  if constexpr (kI2F) return __int2float_rn(__float_as_int(acc_bits));
+  else return __int_as_float(__float_as_int(acc_bits) + 0x4B400000) - 12582912.0f;
+}
+
 // Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
 // row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
-template <bool kClip, typename A>
+// INT8 (QuadMult): s holds the int32 sums' bits, converted here as the FMA's input; chunks 0..7 (kb 0, 1)
+// take the half-0 multipliers, chunks 8..15 (kb 2, 3) the half-1 ones.
+template <bool kClip, bool kI2F = false, typename A>
 __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_lo, float b_hi, uint32_t (&p)[16]) {
-  const float a_lo = mult_lo(a), a_hi = mult_hi(a);
-  auto pair = [](float s0, float s1, float a_, float b_) {
-    return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
-  };
+  if constexpr (std::is_same_v<A, QuadMult>) {
+    auto pair = [](float s0, float s1, float a_, float b_) {
+      const float x0 = int8_score<kI2F>(s0), x1 = int8_score<kI2F>(s1);
+      return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
+    };
 #pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-    p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
-    p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
-    p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
-    p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
+    for (int kb = 0; kb < 4; ++kb) {
+      const float a_lo = kb < 2 ? a.lo0 : a.lo1, a_hi = kb < 2 ? a.hi0 : a.hi1;
+      const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+      p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
+      p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
+      p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
+      p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
+    }
+  } else {
+    const float a_lo = mult_lo(a), a_hi = mult_hi(a);
+    auto pair = [](float s0, float s1, float a_, float b_) {
+      return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
+    };
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {
+      const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+      p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
+      p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
+      p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
+      p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
+    }
   }
 }
 
@@ -212,17 +265,32 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockM
     lo = hi = -INFINITY;
     return;
   }
-  constexpr bool kBits = (kProbe & kFloatMax) == 0;
-  if (kMaybePartial && mask.on) row_max<true, kBits>(s, mask.lo, mask.hi, t, lo, hi);
-  else row_max<false, kBits>(s, mask.lo, mask.hi, t, lo, hi);
-  if (kProbe & kDoubleMax) {
-    float lo2, hi2;
-    row_max<false, kBits>(s, mask.lo, mask.hi, t, lo2, hi2);
-    lo = fmaxf(lo, lo2 * 0.5f);
-    hi = fmaxf(hi, hi2 * 0.5f);
+  if constexpr (std::is_same_v<A, QuadMult>) {
+    // INT8: each thread's two halves have their own K multipliers, so the raw int32 maxima (exact for
+    // any sign) are scaled per half, maxed, and the quad reduction runs on the scaled values.
+    int m[4];   // lo half 0, lo half 1, hi half 0, hi half 1
+    if (kMaybePartial && mask.on) thread_row_max_int8<true>(s, mask.lo, mask.hi, t, m);
+    else thread_row_max_int8<false>(s, mask.lo, mask.hi, t, m);
+    auto scaled = [&](int raw, float a_) {
+      const float x = int8_score<(kProbe & kInt8ConvertI2F) != 0>(__int_as_float(raw)) * a_;
+      return kMaybePartial && raw == kNoInt8Score ? -INFINITY : x;   // a half with no visible key
+    };
+    lo = fmaxf(scaled(m[0], a.lo0), scaled(m[1], a.lo1));
+    hi = fmaxf(scaled(m[2], a.hi0), scaled(m[3], a.hi1));
+    quad_max(lo, hi);
+  } else {
+    constexpr bool kBits = (kProbe & kFloatMax) == 0;
+    if (kMaybePartial && mask.on) row_max<true, kBits>(s, mask.lo, mask.hi, t, lo, hi);
+    else row_max<false, kBits>(s, mask.lo, mask.hi, t, lo, hi);
+    if (kProbe & kDoubleMax) {
+      float lo2, hi2;
+      row_max<false, kBits>(s, mask.lo, mask.hi, t, lo2, hi2);
+      lo = fmaxf(lo, lo2 * 0.5f);
+      hi = fmaxf(hi, hi2 * 0.5f);
+    }
+    lo *= mult_lo(a);
+    hi *= mult_hi(a);
   }
-  lo *= mult_lo(a);
-  hi *= mult_hi(a);
 }
 
 // Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
@@ -234,8 +302,10 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
                                              int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
-  if (kMaybePartial && clip) convert_tile<true>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
-  else convert_tile<false>(s, a, b_lo, b_hi, st.p);
+  constexpr bool kI2F = (kProbe & kInt8ConvertI2F) != 0;
+  if (kMaybePartial && clip)
+    convert_tile<true, kI2F>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
+  else convert_tile<false, kI2F>(s, a, b_lo, b_hi, st.p);
   if (kProbe & kDoubleConvert) {
     uint32_t p2[16];
     convert_tile<false>(s, a * 0.5f, b_lo, b_hi, p2);
@@ -247,11 +317,12 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
 // needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
-// qscale * max dk over the (b, h)'s key blocks. Never true for real data (the bound is ~1e-4 for video
+// qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for real data (the bound is ~1e-4 for video
 // inputs). Each warp reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
 template <typename A>
 __device__ __forceinline__ bool tile_may_be_huge(A qscale_rows, const float* kd, int nk) {
   constexpr bool kInt8 = std::is_same_v<A, RowMult>;
+  if constexpr (kInt8) nk *= kInt8KeyGroups;   // INT8: every key group's descale ([nk, 8])
   float qscale;
   if constexpr (kInt8) qscale = fmaxf(qscale_rows.lo, qscale_rows.hi);
   else qscale = qscale_rows;

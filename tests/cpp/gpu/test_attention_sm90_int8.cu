@@ -48,7 +48,7 @@ struct Int8Case {
   bool video;
 };
 
-// Device buffers of one batched case (D = 128; q_descale per row).
+// Device buffers of one batched case (D = 128; q_descale per row; k_descale room for [B, H, nk, 8]).
 struct Gpu {
   static size_t el(int b, int s, int h) { return size_t(b) * s * h * 128; }
   static size_t nk(int sk) { return size_t(openvc::num_quant_blocks(sk)); }
@@ -144,12 +144,25 @@ TEST(Sm90Int8, AttentionMatchesTheReferenceOnTheSameCodes) {
     ref::AttentionResult want;
     ASSERT_TRUE(ref::attention_expcast(prep, opt, &want).ok());
 
+    // The kernel reads K descales per key group, [B, H, nk, 8] (numerics section 9). A preparation that
+    // writes one per block (the reference's layout says which) has them repeated for the 8 groups.
+    const size_t bh_blocks = size_t(c.B) * H * Gpu::nk(c.sk);
+    ASSERT_TRUE(prep.k8.descale.size() == bh_blocks || prep.k8.descale.size() == bh_blocks * 8);
+    DevBuf kd_groups(bh_blocks * 8 * 4);
+    const float* k_descale = g.pp.k_descale;
+    if (prep.k8.descale.size() == bh_blocks) {
+      const auto per_block = download<float>(g.ks.p, bh_blocks);
+      std::vector<float> groups(bh_blocks * 8);
+      for (size_t i = 0; i < groups.size(); ++i) groups[i] = per_block[i / 8];
+      ASSERT_TRUE(upload(kd_groups.p, groups));
+      k_descale = kd_groups.as<float>();
+    }
     const size_t n = size_t(c.B) * c.sq * H * D;
     DevBuf dout(n * 2), dlse(size_t(c.B) * H * c.sq * 4);
     CUDA_OK(cudaMemset(dout.p, 0xFF, dout.bytes));
     CUDA_OK(cudaMemset(dlse.p, 0xFF, dlse.bytes));
     openvc::AttentionParams p;
-    p.in = {c.B, c.sq, c.sk, H, D, g.pp.q_codes, g.pp.q_descale, g.pp.k_codes, g.pp.k_descale, g.pp.v_packed,
+    p.in = {c.B, c.sq, c.sk, H, D, g.pp.q_codes, g.pp.q_descale, g.pp.k_codes, k_descale, g.pp.v_packed,
             g.pp.v_descale};
     p.in.qk_format = openvc::QkFormat::kInt8;
     p.out = dout.p;
@@ -207,7 +220,7 @@ TEST(Sm90Int8, OtherModesAreRejectedByName) {
           g.pp.v_descale};
   p.in.qk_format = openvc::QkFormat::kInt8;
   p.out = dout.p, p.out_stride_seq = 128, p.out_stride_head = 128;
-  p.causal = true;
+  p.repair.rows = 1;   // repair rows take E4M3 Q/K only (causal, packed and key counts take INT8)
   openvc::Status st = openvc::attention_fp8(p, nullptr);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("qk_format"), std::string::npos) << st.message();

@@ -1,6 +1,0 @@
-// The production kernel in mode kVarlenMode (its own translation unit: the modes compile in parallel).
-#include "attention/sm90/kernel_launch.cuh"
-
-namespace openvc::sm90 {
-template Status launch_mode<kVarlenMode>(const LaunchPlan&, cudaStream_t);
-}  // namespace openvc::sm90

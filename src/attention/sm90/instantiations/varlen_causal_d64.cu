@@ -1,7 +1,0 @@
-// The production kernel in mode kHeadDim64Mode | kVarlenMode | kCausalMode
-// (its own translation unit: the modes compile in parallel).
-#include "attention/sm90/kernel_launch.cuh"
-
-namespace openvc::sm90 {
-template Status launch_mode<kHeadDim64Mode | kVarlenMode | kCausalMode>(const LaunchPlan&, cudaStream_t);
-}  // namespace openvc::sm90
