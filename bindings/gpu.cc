@@ -21,6 +21,8 @@ void register_gpu(nb::module_& m) {
   m.attr("PACKED_KEY_ORDER") = nb::tuple(order);
 
   nb::enum_<DType>(m, "DType").value("float16", DType::kFloat16).value("bfloat16", DType::kBFloat16);
+  nb::enum_<QkFormat>(m, "QkFormat").value("e4m3", QkFormat::kE4M3).value("int8", QkFormat::kInt8);
+  m.attr("INT8_KEY_GROUPS") = kInt8KeyGroups;  // INT8 K descales per 128-key block (numerics section 9)
 
   auto view = openvc_bindings::params_class<TokenTensorView>(
       m, "TokenTensorView", "A strided [B, S, H, D] device tensor (strides in elements).");
@@ -41,9 +43,11 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(inputs, Fp8Inputs, k_descale);
   OPENVC_FIELD(inputs, Fp8Inputs, v_packed);
   OPENVC_FIELD(inputs, Fp8Inputs, v_descale);
+  OPENVC_FIELD(inputs, Fp8Inputs, qk_format);
 
   auto prep = openvc_bindings::params_class<PrepareParams>(m, "PrepareParams", "openvc::PrepareParams.");
   OPENVC_FIELD(prep, PrepareParams, dtype);
+  OPENVC_FIELD(prep, PrepareParams, qk_format);
   OPENVC_FIELD(prep, PrepareParams, batch);
   OPENVC_FIELD(prep, PrepareParams, seqlen_q);
   OPENVC_FIELD(prep, PrepareParams, seqlen_k);
@@ -68,6 +72,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(prep, PrepareParams, v_descale);
   OPENVC_FIELD(prep, PrepareParams, workspace);
   OPENVC_FIELD(prep, PrepareParams, workspace_bytes);
+  OPENVC_FIELD(prep, PrepareParams, k_smoothing);
 
   // RepairInputs::tokens is not bound: attention never reads it.
   auto repair = openvc_bindings::params_class<RepairInputs>(m, "RepairInputs", "openvc::RepairInputs (repair rows).");
@@ -121,8 +126,10 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(general, GeneralAttentionParams, softmax_scale);
   OPENVC_FIELD(general, GeneralAttentionParams, mid_window_blocks);
 
-  m.def("prepare_workspace_bytes", &prepare_workspace_bytes, nb::arg("batch"), nb::arg("heads"),
-        "Workspace of prepare_fp8: (batch, heads), or (num_seqs, heads) for packed sequences.");
+  m.def("prepare_workspace_bytes", &prepare_workspace_bytes, nb::arg("groups"), nb::arg("heads"),
+        nb::arg("max_seqlen_k"), nb::arg("k_smoothing"),
+        "Workspace of prepare_fp8: (batch, heads, seqlen_k, k_smoothing), or (num_seqs, heads, max_seqlen_k, "
+        "k_smoothing) for packed sequences; max_seqlen_k is used only with k_smoothing.");
   openvc_bindings::def_enqueue<PrepareParams, &prepare_fp8>(
       m, "prepare_fp8", "Enqueues openvc::prepare_fp8 (batched, or packed sequences with cu_seqlens_q/k) on `stream`.");
   openvc_bindings::def_enqueue<AttentionParams, &attention_fp8>(

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&qs, size_t(B) * H * nb * 4));
   CHECK_CUDA(cudaMalloc(&ks, size_t(B) * H * nb * 4));
   CHECK_CUDA(cudaMalloc(&vs, size_t(B) * H * 4));
-  const size_t wsb = openvc::prepare_workspace_bytes(B, H);
+  const size_t wsb = openvc::prepare_workspace_bytes(B, H, S, false);
   CHECK_CUDA(cudaMalloc(&ws, wsb));
   fill_normal_bf16<<<1024, 256>>>(q, n, 1);
   fill_normal_bf16<<<1024, 256>>>(k, n, 2);

@@ -62,16 +62,18 @@ inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQua
 //   sequence's length (an upper bound is fine; tokens past ceil(max_seqlen/128)*128 of a longer
 //   sequence would be left unwritten, but nothing is written out of bounds); CTAs past a sequence's end
 //   only write zero descales / padding. Outputs, with nq = ceil(max_seqlen_q/128), nk = ceil(max_seqlen_k/128):
-//     q_codes [total_q, H, D], q_descale [num_seqs, H, nq], k_codes [total_k, H, D],
-//     k_descale [num_seqs, H, nk] (blocks past a sequence's end get descale 0),
+//     q_codes [total_q, H, D], q_descale [num_seqs, H, nq] (kInt8: [num_seqs, H, max_seqlen_q], one per
+//     row, 0 past a sequence's end), k_codes [total_k, H, D], k_descale [num_seqs, H, nk] (kInt8:
+//     [num_seqs, H, nk, kInt8KeyGroups]; blocks and key groups past a sequence's end get descale 0),
 //     v_packed [num_seqs, H, D, nk*128] (each sequence's keys start at column 0 of its own slab, in
 //     kPackedKeyOrder inside each 16-key group, zero padding), v_descale [num_seqs, H].
 //   cu = {0, S, 2S, ..., B*S} with max_seqlen = S gives exactly the batched outputs.
-// attention_fp8 takes batched inputs only: packed preparations cannot be attended yet.
+// attention_fp8 attends both forms (AttentionParams below).
 struct PrepareParams {
   DType dtype = DType::kBFloat16;     // of q, k and v alike
-  // kInt8 (batched, head_dim 128, no seqused_k): INT8 Q codes with q_descale [B, H, Sq] (one per row)
-  // and INT8 K codes per 128-key block (numerics section 9, without K smoothing); V as for E4M3.
+  // kInt8 (every input form, head_dim 64 and 128, with or without seqused_k): INT8 Q codes with one
+  // descale per row and INT8 K codes with kInt8KeyGroups descales per 128-key block (numerics section 9);
+  // V as for E4M3.
   QkFormat qk_format = QkFormat::kE4M3;
   int batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, head_dim = kHeadDim;
   TokenTensorView q, k, v;
@@ -96,9 +98,18 @@ struct PrepareParams {
   float* v_descale = nullptr;
   void* workspace = nullptr;          // prepare_workspace_bytes() bytes, 16-byte aligned
   size_t workspace_bytes = 0;
+  // K smoothing (numerics sections 1 and 9, either qk_format): per (sequence, head, channel) the mean of
+  // the valid keys (key counts respected; double block sums in token order, summed in block order, one
+  // rounding to FP32, one FP32 division) is subtracted from K (one FP32 subtraction) before its
+  // quantization. Needs the larger workspace (prepare_workspace_bytes(..., true)). Last, so that
+  // positional initializers of the fields above stay valid.
+  bool k_smoothing = false;
 };
-// Workspace of prepare_fp8: pass (batch, heads), or (num_seqs, heads) for packed sequences.
-size_t prepare_workspace_bytes(int batch, int heads);
+// Workspace of prepare_fp8 (a multiple of 16 bytes): groups = batch, or num_seqs for packed sequences;
+// max_seqlen_k = seqlen_k (batched) or max_seqlen_k (packed), used only with k_smoothing (its per-block
+// double channel sums and float means, sized for head dim 128). k_smoothing = false gives the V amax
+// slots alone.
+size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing);
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream);
 
 // ---- V residual repair rows (numerics section 6) ----------------------------------------------------
@@ -127,7 +138,8 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 //   seqused_k[b] keys (clamped to [0, seqlen_k]); the rest are padding (prepare_fp8 with the same
 //   seqused_k leaves them out of the scales). This is how key padding masks run.
 // - Packed sequences (cu_seqlens_q/k set, as prepare_fp8 packed): q_codes [total_q, H, D], k_codes
-//   [total_k, H, D], descales [num_seqs, H, ceil(max_seqlen/128)], v_packed [num_seqs, H, D,
+//   [total_k, H, D], descales [num_seqs, H, ceil(max_seqlen/128)] (kInt8: q_descale [num_seqs, H,
+//   max_seqlen_q], k_descale [num_seqs, H, ceil(max_seqlen_k/128), kInt8KeyGroups]), v_packed [num_seqs, H, D,
 //   ceil(max_seqlen_k/128)*128]; in.batch/seqlen_q/seqlen_k are ignored. Offsets are read on the device
 //   only (graph replays may change them) and clamped to [0, total_q/total_k]: whatever they hold, no
 //   kernel reads or writes outside the tensors; rows that no sequence covers are not written. Output

@@ -45,6 +45,7 @@ struct BlockQuantized {
   std::vector<uint8_t> codes;   // [total_tokens, H, D]
   std::vector<float> descale;   // [nseq, H, max_blocks]
   int max_blocks = 0;
+  std::vector<float> mean;      // K with smoothing (quantize_key_blocks): [nseq, H, D] channel means; else empty
 };
 // V: one group per (sequence, head) over all its tokens.
 struct HeadQuantized {
@@ -55,26 +56,57 @@ struct HeadQuantized {
 Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out);
 Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out);
 
-// ---- Section 9: INT8 Q/K mode (CPU reference only; the kernel and the Python API lack it) --------
+// ---- K smoothing (sections 1 and 9, either Q/K format) ---------------------------------------------
+// Channel means of K per (sequence, head, channel c), mean[(s * H + h) * D + c], over the sequence's
+// valid keys (key_counts: optional, one per sequence, clamped to [0, length]; keys at or past it are
+// padding), in this exact order (the GPU's k_block_sums and k_mean kernels reproduce it bit for bit):
+//   blocksum_{b,c} = sum of (double)k_jc over the valid keys of 128-key block b, in token order;
+//   mean_c = (float)(sum over blocks b in block order of blocksum_{b,c}, in double) / (float)count
+// (one rounding of the double sum to FP32, then one FP32 division; 0 when count = 0).
+Status k_smoothing_means(const float* x, const Sequences& seqs, const int* key_counts, std::vector<float>* mean);
+// E4M3 K per (sequence, head, 128-key block), with optional smoothing: k'_jc = fl(k_jc - mean_c) (one FP32
+// subtraction) is quantized instead of k (out->mean holds the means). key_counts (optional, clamped to
+// [0, length]): keys at or past the count are padding, left out of the means and maxima, coded 0; blocks
+// with no valid key get descale 0. smoothing = false and no counts is quantize_blocks.
+Status quantize_key_blocks(const float* x, const Sequences& seqs, bool smoothing, BlockQuantized* out,
+                           const int* key_counts = nullptr);
+
+// ---- Section 9: INT8 Q/K mode ----------------------------------------------------------------------
 // Q/K score format. kE4M3 is sections 1-2; kInt8 is section 9 (V, P and the softmax are unchanged).
 enum class QkFormat { kE4M3, kInt8 };
 inline constexpr float kInt8Max = 127.0f;
+// K key groups per 128-key block (section 9): key j of a sequence (c = j mod 128) is in group
+// ((c mod 8) / 2) + 4 * (c / 64), the keys that one thread of a wgmma row quad holds (columns 8m + 2t,
+// 8m + 2t + 1 of the 128-key tile: group t for m < 8, t + 4 for m >= 8). 16 keys per full group.
+inline constexpr int kInt8KeyGroups = 8;
+inline int int8_key_group(int64_t j) {
+  const int c = static_cast<int>(j % kQuantBlock);
+  return (c % 8) / 2 + 4 * (c / 64);
+}
 int8_t int8_encode(float x);  // clamp(rne(x), -127, 127) (rne: ties to even), NaN -> 0, -0 -> 0
 // Symmetric INT8 groups: scale_inv = amax > 0 ? 127 / amax : 0, descale = amax / 127 (both 0 where
 // 127 / amax is not finite), code = clamp(rne(fl(x * scale_inv)), -127, 127), NaN -> 0.
 struct Int8Quantized {
   std::vector<int8_t> codes;   // [total_tokens, H, D], each in [-127, 127]; padding tokens 0
-  std::vector<float> descale;  // [nseq, H, groups]; 0 for all-zero or tiny groups and past a sequence's end
-  int groups = 0;              // groups per (sequence, head): max_length() (Q rows) or max_blocks() (K)
-  int group_tokens = 0;        // tokens per group: 1 (Q, one per row) or kQuantBlock (K)
+  // Q: [nseq, H, max_length] (row i of sequence s, head h at (s * H + h) * max_length + i).
+  // K: [nseq, H, max_blocks, kInt8KeyGroups] (key j at ((s * H + h) * max_blocks + j / 128) * 8 +
+  //    int8_key_group(j)). 0 for all-zero or tiny groups, groups without a valid key (past a sequence's
+  //    end or its key count).
+  std::vector<float> descale;
+  int groups = 0;              // descales per (sequence, head): max_length() (Q) or max_blocks() * 8 (K)
+  int group_tokens = 0;        // 1 (Q: one group per row) or kQuantBlock (K: per 128-key block, 8 key groups)
   std::vector<float> mean;     // K with smoothing: [nseq, H, D] channel means subtracted; else empty
 };
-// Q: one group per (sequence, head, token row) over its D channels.
+// Index of key j's descale within its (sequence, head)'s K descales.
+inline int64_t int8_key_descale_index(int64_t j) {
+  return j / kQuantBlock * kInt8KeyGroups + int8_key_group(j);
+}
+// Q: one group per (sequence, head, token row) over its D channels (packed or batched sequences).
 Status quantize_int8_rows(const float* x, const Sequences& seqs, Int8Quantized* out);
-// K: one group per (sequence, head, 128-key block); a final partial block holds its valid keys.
-// smoothing: first k' = fl(k - mean_c), mean_c = (float)(sequential double sum of k_jc over the valid
-// keys) / (float)count, per (sequence, head, channel). key_counts (optional, one per sequence, clamped
-// to [0, length]): keys at or past the count are padding, left out of the means and maxima, coded 0.
+// K: one group per (sequence, head, 128-key block, key group); a final partial block's groups hold their
+// valid keys. smoothing: k' = fl(k - mean_c) with k_smoothing_means' means is quantized instead.
+// key_counts (optional, one per sequence, clamped to [0, length]): keys at or past the count are
+// padding, left out of the means and maxima, coded 0.
 Status quantize_int8_blocks(const float* x, const Sequences& seqs, bool smoothing, Int8Quantized* out,
                             const int* key_counts = nullptr);
 
@@ -127,14 +159,14 @@ struct PreparedInputs {
   Sequences q_seqs, k_seqs;     // same count and head configuration
   QkFormat qk_format = QkFormat::kE4M3;
   BlockQuantized q, k;          // qk_format == kE4M3 (left empty for kInt8)
-  Int8Quantized q8, k8;         // qk_format == kInt8: per-row Q, per-block K (section 9)
+  Int8Quantized q8, k8;         // qk_format == kInt8: per-row Q, per-(block, key group) K (section 9)
   HeadQuantized v;
   const VRepair* repair = nullptr;   // optional, visited after every original block
 };
 
 struct PrepareOptions {
   QkFormat qk_format = QkFormat::kE4M3;
-  bool k_smoothing = false;     // kInt8 only (section 9); InvalidArgument with kE4M3
+  bool k_smoothing = false;     // K smoothing (k_smoothing_means), either format
 };
 
 struct AttentionResult {
@@ -149,8 +181,9 @@ Status prepare_inputs(const float* q, const float* k, const float* v, const Sequ
 Status prepare_inputs(const float* q, const float* k, const float* v, const Sequences& q_seqs,
                       const Sequences& k_seqs, const PrepareOptions& opt, PreparedInputs* out);
 // attention_expcast runs sections 2-6 on either format: with kInt8 the scores are the exact integer
-// dot products of the INT8 codes and the multiplier of (row i, key block b) is
-// expcast_multiplier(tau, q8.descale[row i], k8.descale[b]); everything else is shared.
+// dot products of the INT8 codes and the multiplier of (row i, key j) is
+// expcast_multiplier(tau, q8.descale[row i], k8.descale[int8_key_descale_index(j)]) (one per key group
+// of a block); everything else is shared.
 Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, AttentionResult* res);
 
 // Exact softmax attention in FP64 on the original (unquantized) inputs, output [total_q, H, D].

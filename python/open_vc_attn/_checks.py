@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._layout import (FAST_HEAD_DIMS, FP8_LAYOUTS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
-                      PREPARE_HEAD_DIMS, QUANT_BLOCK, VERSIONS, fp8_expectations, varlen_expectations)
+from ._layout import (FAST_HEAD_DIMS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
+                      PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
+                      varlen_expectations)
 
 
 # ---- inputs of the public functions -----------------------------------------------------------------------
@@ -31,6 +32,45 @@ def require_instance(x, cls, name, what):
     """x must be a `cls` (for the prepared objects, whose classes live with the functions that make them)."""
     if not isinstance(x, cls):
         raise TypeError(f"{name}: expected {what}, got {type(x).__name__}")
+
+
+# ---- Q/K code format (qk_format, k_smoothing): the one home of the format rules --------------------------------
+
+def qk_format(x, name="qk_format") -> str:
+    """qk_format: "e4m3" or "int8"; anything else (another string, or not a string) raises ValueError."""
+    if not isinstance(x, str) or x not in QK_FORMATS:
+        got = repr(x) if isinstance(x, str) else f"{x!r} ({type(x).__name__})"
+        raise ValueError(f"{name}: expected one of {list(QK_FORMATS)}, got {got}")
+    return x
+
+
+def k_smoothing(x, name="k_smoothing") -> bool:
+    return bool_arg(x, name)
+
+
+def general_path_reason(d, sq, sk):
+    """None when the sm_90a fast path takes a call of head dim d and Sq x Sk (max lengths, packed), else why
+    it runs on the general path."""
+    if d not in FAST_HEAD_DIMS:
+        return f"head_dim {d} (the fast path takes 128 or 64)"
+    if not fast_path_range(sq, sk):
+        return "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)"
+    return None
+
+
+def require_fast_path(fmt, reason, name="qk_format"):
+    """INT8 Q/K runs on the sm_90a fast path only: ValueError naming `name` when a call of format fmt would
+    need the general path (reason: general_path_reason's answer)."""
+    if fmt == "int8" and reason is not None:
+        raise ValueError(f"{name}: 'int8' runs on the sm_90a fast path only, and this call would need the general "
+                         f"path: {reason}; use qk_format='e4m3'")
+
+
+def require_e4m3(fmt, what, name="qk_format"):
+    """Paths that take E4M3 Q/K codes only (the general path, V residual repair, the VC baseline): ValueError
+    naming `name` for any other format."""
+    if fmt != "e4m3":
+        raise ValueError(f"{name}: {what} takes qk_format='e4m3' only, got {fmt!r}")
 
 
 def require_tensors(q, k, v):
@@ -107,9 +147,10 @@ def check_token_strides(name, x):
                              f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
 
 
-def check_fp8_tensors(tensors, prefix, sizes=None):
+def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3"):
     """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
-    sizes = (B, Sq, Sk, H, D) when given; returns (B, Sq, Sk, H, D). prefix names them in messages."""
+    sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format fmt; returns (B, Sq, Sk, H, D). prefix
+    names them in messages."""
     torch = import_torch()
     names = FP8_NAMES
     for name, x in zip(names, tensors):
@@ -122,7 +163,7 @@ def check_fp8_tensors(tensors, prefix, sizes=None):
             raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {shape_of(bad[1])}")
         sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
     b, sq, sk, h, d = sizes
-    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d), tensors, prefix, sizes)
+    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt), tensors, prefix, sizes)
     if min(sizes) < 1 or max(sizes) > INT_MAX:
         raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
     check_one_cuda_device(names, tensors, prefix)
@@ -180,29 +221,36 @@ def prepared_meta(prepared, varlen=False) -> dict:
     return meta
 
 
-def check_prepared_fp8(prepared, allow_varlen=False, what="this function"):
-    """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype and the
-    six tensors; returns prepared_meta's dict."""
+def check_prepared_fp8(prepared, allow_varlen=False, what="this function", e4m3_only=False):
+    """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype, format and
+    the six tensors; returns prepared_meta's dict plus "qk_format" and "k_smoothing". e4m3_only: `what`
+    takes E4M3 preparations only (INT8 raises ValueError naming prepared.qk_format)."""
     if prepared.is_varlen and not allow_varlen:
         raise ValueError(f"prepared: packed variable-length sequences (cu_seqlens) are not supported by {what}, which "
                          "takes batched [B, S, H, D] preparations only")
+    fmt = qk_format(prepared.qk_format, "prepared.qk_format")
+    smooth = k_smoothing(prepared.k_smoothing, "prepared.k_smoothing")
+    if e4m3_only:
+        require_e4m3(fmt, what, "prepared.qk_format")
     meta = prepared_meta(prepared, varlen=prepared.is_varlen)
+    meta.update(qk_format=fmt, k_smoothing=smooth)
     if prepared.is_varlen:
         check_varlen_fp8(prepared.tensors(), prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"],
-                         meta["seqlen_k"])
+                         meta["seqlen_k"], fmt)
         return meta
     if meta["head_dim"] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
-    check_fp8_tensors(prepared.tensors(), "prepared.", sizes)
+    check_fp8_tensors(prepared.tensors(), "prepared.", sizes, fmt)
     return meta
 
 
-def check_quantized(tensors, input_rank, dtype):
-    """PreparedFP8.from_quantized: returns (rank-4 uint8 views, PreparedFP8's other fields). Checks in the
-    order kind, dtype, rank, sizes, layout, device (last, as in check_tokens, so that every other check can
-    be exercised with CPU or meta tensors)."""
+def check_quantized(tensors, input_rank, dtype, fmt="e4m3", smooth=False):
+    """PreparedFP8.from_quantized: returns (rank-4 views, PreparedFP8's other fields): E4M3 codes as uint8
+    views, INT8 codes as they are (torch.int8). Checks in the order format, kind, dtype, rank, sizes, layout,
+    device (last, as in check_tokens, so that every other check can be exercised with CPU or meta tensors)."""
     torch = import_torch()
+    fmt, smooth = qk_format(fmt), k_smoothing(smooth)
     names = FP8_NAMES
     if isinstance(input_rank, bool) or not isinstance(input_rank, numbers.Integral) or input_rank not in (3, 4):
         raise ValueError(f"input_rank: expected 4 ([B, S, H, D] tensors) or 3 (one sequence: the same without "
@@ -221,11 +269,14 @@ def check_quantized(tensors, input_rank, dtype):
         if name.endswith("descale"):
             if x.dtype != torch.float32:
                 raise TypeError(f"{name}: expected dtype torch.float32, got {x.dtype}")
+        elif fmt == "int8" and name in ("q_codes", "k_codes"):
+            if x.dtype != torch.int8:
+                raise TypeError(f"{name}: expected dtype torch.int8 (INT8 codes, qk_format='int8'), got {x.dtype}")
         elif x.dtype != torch.uint8 and (fp8 is None or x.dtype != fp8):
             raise TypeError(f"{name}: expected dtype torch.uint8 or torch.float8_e4m3fn (E4M3 codes), got {x.dtype}")
     drop = 4 - input_rank   # rank 3: no batch axis
-    layouts = [lay.replace("B, ", "") if drop else lay for lay in FP8_LAYOUTS]
-    for name, x, lay in zip(names, tensors, layouts):
+    lays = [lay.replace("B, ", "") if drop else lay for lay in layouts(fmt)]
+    for name, x, lay in zip(names, tensors, lays):
         want = lay.count(",") + 1
         if x.dim() != want:
             raise ValueError(f"{name}: expected rank {want} {lay} (input_rank={input_rank}), got shape {shape_of(x)}")
@@ -249,7 +300,7 @@ def check_quantized(tensors, input_rank, dtype):
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
                          f"{shape_of(tensors[0])}")
     sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h} D={d}"
-    for (name, shape, _), x, lay in zip(fp8_expectations(b, sq, sk, h, d), tensors, layouts):
+    for (name, shape, _), x, lay in zip(fp8_expectations(b, sq, sk, h, d, fmt), tensors, lays):
         want = tuple(shape[drop:])
         if shape_of(x) != want:
             hint = (" (the packed V layout of prepare_fp8; token-major [B, Sk, H, D] V codes are not accepted)"
@@ -269,9 +320,10 @@ def check_quantized(tensors, input_rank, dtype):
     for name, x in zip(names[1:], tensors[1:]):
         if x.device != dev:
             raise ValueError(f"{name}: expected a CUDA tensor on q_codes's device {dev}, got {x.device}")
-    t4 = [x.view(torch.uint8) if x.dtype != torch.uint8 and x.dtype != torch.float32 else x for x in t4]
-    check_fp8_tensors(t4, "", (b, sq, sk, h, d))   # the layout attention_fp8 checks again
-    return t4, dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=input_rank, dtype=dtype)
+    t4 = [x.view(torch.uint8) if fp8 is not None and x.dtype == fp8 else x for x in t4]
+    check_fp8_tensors(t4, "", (b, sq, sk, h, d), fmt)   # the layout attention_fp8 checks again
+    return t4, dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=input_rank, dtype=dtype,
+                    qk_format=fmt, k_smoothing=smooth)
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -399,21 +451,25 @@ def check_rank4_tokens(op, q, k, v):
     check_tokens(q, k, v)
 
 
-def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False):
+def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False, fmt="e4m3"):
     """open_vc_attn::attention_fp8 (head_dim 128 or 64) and its repair variant (head_dim 128): a batched
-    preparation."""
-    b, sq, sk, h, d = check_fp8_tensors(tensors, "")
+    preparation in the layouts of qk_format fmt (INT8: within the fast path's range)."""
+    fmt = qk_format(fmt)
+    b, sq, sk, h, d = check_fp8_tensors(tensors, "", None, fmt)
     if repair and d != KERNEL_HEAD_DIM:
         raise ValueError(f"q_codes: open_vc_attn::attention_fp8_repair supports head_dim {KERNEL_HEAD_DIM} only, "
                          f"got {d}")
     if d not in FAST_HEAD_DIMS:
         raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim 128 or 64, got {d}")
     check_op_scalars(softmax_scale, mid_window_blocks)
+    if fmt == "int8":   # (E4M3 past the range is the C++ side's to refuse, as before)
+        require_fast_path(fmt, general_path_reason(d, sq, sk))
     return b, sq, sk, h, d
 
 
-def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
-    """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k); returns (N, total_q, total_k, H, D)."""
+def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
+    """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k and qk_format fmt); returns (N, total_q,
+    total_k, H, D)."""
     torch = import_torch()
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(cu, torch.Tensor):
@@ -438,7 +494,7 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
     n = cu_q.shape[0] - 1
     total_q, h, d = tensors[0].shape
     total_k = tensors[2].shape[0]
-    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k), tensors, "",
+    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, fmt), tensors, "",
                         f"N={n} H={h} D={d} max_seqlen_q={max_q} max_seqlen_k={max_k}")
     if d not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
@@ -449,17 +505,22 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k):
     return n, total_q, total_k, h, d
 
 
-def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False):
-    """open_vc_attn::attention_general, and attention_fp8_full (fast: no grid limit);
-    returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
+def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False,
+                          fmt="e4m3"):
+    """open_vc_attn::attention_general (E4M3 only), and attention_fp8_full (fast: no grid limit; E4M3 or
+    INT8 in the layouts of qk_format fmt); returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
+    (N, total_q, total_k, H, D) packed."""
+    fmt = qk_format(fmt)
+    if not fast:
+        require_e4m3(fmt, "the general path (open_vc_attn::attention_general)")
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is None and cu_k is None:
-        sizes = check_fp8_tensors(tensors, "")
+        sizes = check_fp8_tensors(tensors, "", None, fmt)
         if sizes[4] not in PREPARE_HEAD_DIMS:
             raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
         packed = False
     else:
-        sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k), True
+        sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt), True
     if fast:
         if sizes[4] not in FAST_HEAD_DIMS:
             raise ValueError(f"q_codes: the sm_90a fast path takes head_dim 128 or 64, got {sizes[4]}")

@@ -8,7 +8,6 @@ work even where the extension was not built.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 _module = None
 
@@ -17,11 +16,6 @@ def load():
     """Return the ``_openvc_ext`` module, or raise ImportError saying how to build it."""
     global _module
     if _module is None:
-        # torch first, when it is installed: on the H200 (torch 2.11+cu130), importing torch after the
-        # extension had loaded libopenvc segfaulted inside torch's import (its operator registry), while
-        # the other order works. The extension itself never needs torch.
-        if importlib.util.find_spec("torch") is not None:
-            importlib.import_module("torch")
         try:
             _module = importlib.import_module("open_vc_attn._openvc_ext")
         except ImportError as exc:

@@ -3,10 +3,9 @@
 The constants that the C++ library defines are mirrored here and checked against the extension's
 exports by tests/python/test_package_structure.py (one source of truth, verified):
 ``DEFAULT_MID_WINDOW_BLOCKS`` (``openvc::AttentionParams{}.mid_window_blocks``, the default key traversal
-of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER`` and
-``QUANT_BLOCK``. They are not read from the extension at import: ``import open_vc_attn`` must not load
-libopenvc (measured on the H200: loading it before torch made torch's own import segfault), and must
-work where the extension is not built.
+of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER``,
+``QUANT_BLOCK`` and ``INT8_KEY_GROUPS`` (``openvc::kInt8KeyGroups``). They are not read from the
+extension at import: ``import open_vc_attn`` stays cheap and must work where the extension is not built.
 """
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ DEFAULT_MID_WINDOW_BLOCKS = 4  # openvc::AttentionParams{}.mid_window_blocks (_o
 NATURAL_ORDER = -1             # openvc::kNaturalOrder
 PACKED_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)  # openvc::kPackedKeyOrder
 QUANT_BLOCK = 128              # tokens per Q/K descale group and per packed-V padding unit (openvc::kQuantBlock)
+INT8_KEY_GROUPS = 8            # INT8 K descale groups per 128-key block, 16 keys each (openvc::kInt8KeyGroups)
+QK_FORMATS = ("e4m3", "int8")  # Q/K code formats (openvc::QkFormat kE4M3, kInt8; _openvc_ext.QkFormat.e4m3 / .int8)
 KERNEL_HEAD_DIM = 128          # the only head dim of the repair path and the VC baseline
 FAST_HEAD_DIMS = (128, 64)     # the sm_90a fast path (dense, causal, packed sequences, key counts)
 PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8
@@ -24,6 +25,10 @@ VERSIONS = {"open-vc": "expcast", "reference": "bf16"}   # attention's version -
 FP8_NAMES = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale")
 FP8_LAYOUTS = ("[B, Sq, H, D]", "[B, H, ceil(Sq/128)]", "[B, Sk, H, D]", "[B, H, ceil(Sk/128)]",
                "[B, H, D, ceil(Sk/128)*128]", "[B, H]")
+# qk_format "int8": one Q descale per query row, one K descale per (128-key block, 16-key group).
+INT8_LAYOUTS = ("[B, Sq, H, D]", "[B, H, Sq]", "[B, Sk, H, D]", "[B, H, ceil(Sk/128), 8]",
+                "[B, H, D, ceil(Sk/128)*128]", "[B, H]")
+CODE_DTYPES = {"e4m3": "uint8", "int8": "int8"}   # torch dtype name of the Q/K codes per qk_format
 VC_NAMES = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_channel_descale", "block_mean_scaled")
 
 
@@ -37,19 +42,36 @@ def padded(s):
     return blocks(s) * QUANT_BLOCK
 
 
-def fp8_expectations(b, sq, sk, h, d):
-    """(name, shape, dtype name) of the six prepared tensors of PreparedFP8, in op order."""
-    nq, nk = blocks(sq), blocks(sk)
-    return (("q_codes", (b, sq, h, d), "uint8"), ("q_descale", (b, h, nq), "float32"),
-            ("k_codes", (b, sk, h, d), "uint8"), ("k_descale", (b, h, nk), "float32"),
+def layouts(qk_format="e4m3"):
+    """The six prepared tensors' layouts (as messages write them) of a qk_format."""
+    return INT8_LAYOUTS if qk_format == "int8" else FP8_LAYOUTS
+
+
+def _qk_descales(n, sq, sk, h, qk_format):
+    """(q_descale shape, k_descale shape) of a preparation of n sequences (Sq, Sk: the max lengths)."""
+    nk = blocks(sk)
+    if qk_format == "int8":
+        return (n, h, sq), (n, h, nk, INT8_KEY_GROUPS)
+    return (n, h, blocks(sq)), (n, h, nk)
+
+
+def fp8_expectations(b, sq, sk, h, d, qk_format="e4m3"):
+    """(name, shape, dtype name) of the six prepared tensors of PreparedFP8, in op order. qk_format "int8":
+    int8 Q/K codes, q_descale [B, H, Sq] (one per row), k_descale [B, H, ceil(Sk/128), INT8_KEY_GROUPS]."""
+    nk, codes = blocks(sk), CODE_DTYPES[qk_format]
+    qd, kd = _qk_descales(b, sq, sk, h, qk_format)
+    return (("q_codes", (b, sq, h, d), codes), ("q_descale", qd, "float32"),
+            ("k_codes", (b, sk, h, d), codes), ("k_descale", kd, "float32"),
             ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (b, h), "float32"))
 
 
-def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k):
-    """(name, shape, dtype name) of a packed-sequence preparation (N sequences), in op order."""
-    nq, nk = blocks(max_q), blocks(max_k)
-    return (("q_codes", (total_q, h, d), "uint8"), ("q_descale", (n, h, nq), "float32"),
-            ("k_codes", (total_k, h, d), "uint8"), ("k_descale", (n, h, nk), "float32"),
+def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, qk_format="e4m3"):
+    """(name, shape, dtype name) of a packed-sequence preparation (N sequences), in op order (qk_format
+    "int8": q_descale [N, H, max_q], k_descale [N, H, ceil(max_k/128), INT8_KEY_GROUPS], int8 codes)."""
+    nk, codes = blocks(max_k), CODE_DTYPES[qk_format]
+    qd, kd = _qk_descales(n, max_q, max_k, h, qk_format)
+    return (("q_codes", (total_q, h, d), codes), ("q_descale", qd, "float32"),
+            ("k_codes", (total_k, h, d), codes), ("k_descale", kd, "float32"),
             ("v_packed", (n, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (n, h), "float32"))
 
 

@@ -2,7 +2,9 @@
 
 - :func:`prepare_fp8` quantizes BF16/FP16 ``q, k, v`` into a :class:`PreparedFP8` (E4M3 codes, descales,
   packed V; docs/numerics.md section 1), batched ``[B, S, H, D]`` or packed variable-length sequences
-  (``cu_seqlens_q/k``).
+  (``cu_seqlens_q/k``). ``qk_format="int8"`` quantizes Q and K to INT8 instead (one Q descale per row, one K
+  descale per 16-key group; numerics section 9), and ``k_smoothing=True`` subtracts each K channel's mean
+  over the sequence first (either format); V is E4M3 either way.
 - :meth:`PreparedFP8.from_quantized` wraps tensors that were quantized elsewhere (e.g. prepared before a
   sequence-parallel all-to-all) after checking their dtypes, shapes, layout and device.
 - :func:`attention_fp8` runs ExpCast attention on a :class:`PreparedFP8` (sections 2-5): BF16 output of
@@ -30,7 +32,7 @@ import dataclasses
 from typing import Any
 
 from . import _checks
-from ._layout import DEFAULT_MID_WINDOW_BLOCKS, FAST_HEAD_DIMS
+from ._layout import DEFAULT_MID_WINDOW_BLOCKS
 
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 
@@ -44,6 +46,14 @@ class PreparedFP8:
     (keys permuted per 16-key group, see ``_openvc_ext.PACKED_KEY_ORDER``), v_descale float32 [B, H].
     B is 1 for a rank-3 input (``input_rank`` 3); ``dtype`` is the torch dtype of the inputs; D is 128 or 64.
     Reusable: several :func:`attention_fp8` calls may share one preparation.
+
+    ``qk_format`` "int8" (numerics section 9): q_codes and k_codes are torch.int8 INT8 codes, q_descale
+    float32 [B, H, Sq] (one per query row) and k_descale float32 [B, H, ceil(Sk/128), 8] (one per 16-key group
+    g of each 128-key block: key c of a block is in group ((c mod 8) // 2) + 4 * (c // 64); groups without a
+    valid key 0); V as for E4M3. Packed: q_descale [N, H, max_q] (0 past a sequence's end) and k_descale
+    [N, H, ceil(max_k/128), 8]. ``k_smoothing`` records that K minus its per-(sequence, head) channel mean was
+    quantized (softmax is invariant to that shift); it changes no layout. :func:`attention_fp8` reads the
+    format from here.
 
     Packed variable-length sequences (``is_varlen``: prepare_fp8 with cu_seqlens): ``cu_seqlens_q/k`` are
     the caller's int32 offset tensors, batch is the sequence count N, seqlen_q/seqlen_k the max_seqlen_q/k
@@ -68,6 +78,8 @@ class PreparedFP8:
     cu_seqlens_q: Any = None   # packed sequences only (int32 CUDA tensors of N + 1 offsets)
     cu_seqlens_k: Any = None
     seqused_k: Any = None      # optional int32 key counts per batch entry / sequence (key padding)
+    qk_format: str = "e4m3"    # Q/K codes: "e4m3" (uint8 E4M3 bytes) or "int8" (torch.int8; layouts above)
+    k_smoothing: bool = False  # K's per-channel mean was subtracted before quantization
 
     @property
     def device(self):
@@ -84,7 +96,7 @@ class PreparedFP8:
 
     @classmethod
     def from_quantized(cls, q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, *, input_rank=4,
-                       dtype=None) -> "PreparedFP8":
+                       dtype=None, qk_format="e4m3", k_smoothing=False) -> "PreparedFP8":
         """A :class:`PreparedFP8` over tensors quantized elsewhere (for instance by :func:`prepare_fp8` on
         another rank, before a sequence-parallel all-to-all), for :func:`attention_fp8`.
 
@@ -98,9 +110,13 @@ class PreparedFP8:
         records the dtype the inputs had; it does not change the results. Nothing is copied: the result
         holds uint8 views of the given tensors. B, Sq, Sk, H, D are read from q_codes and k_codes; a bad
         argument raises TypeError / ValueError naming it and what was expected.
+
+        qk_format="int8": q_codes and k_codes are torch.int8, q_descale [B, H, Sq] and k_descale
+        [B, H, ceil(Sk/128), 8] (the INT8 layouts of :class:`PreparedFP8`; the result keeps the int8 tensors).
+        k_smoothing records whether K was smoothed before quantization (no effect on the attention).
         """
         tensors, fields = _checks.check_quantized((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale),
-                                                  input_rank, dtype)
+                                                  input_rank, dtype, qk_format, k_smoothing)
         return cls(*tensors, **fields)
 
 
@@ -113,15 +129,6 @@ def _max_seqlen(given, cu):
             or cu.dtype != torch.int32:
         return given
     return max(1, int((cu[1:] - cu[:-1]).max()))
-
-
-def _general_path_reason(d, sq, sk):
-    """None when the sm_90a fast path takes the call, else why it runs on the general path."""
-    if d not in FAST_HEAD_DIMS:
-        return f"head_dim {d} (the fast path takes 128 or 64)"
-    if not _checks.fast_path_range(sq, sk):
-        return "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)"
-    return None
 
 
 _WARNED = set()
@@ -139,19 +146,20 @@ def _warn_general_path(reason):
 
 
 def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   seqused_k=None, names=("q", "q"), out_dtype=None, checked=False):
+                   seqused_k=None, names=("q", "q"), out_dtype=None, checked=False, qk_format="e4m3"):
     """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
     seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
     heads, for the general path's grid-limit message. checked: tensors are the fresh outputs of a
-    preparation of checked arguments (attention()), so the ops need not check them again (ops.direct)."""
+    preparation of checked arguments (attention()), so the ops need not check them again (ops.direct).
+    qk_format: the preparation's (checked; "int8" never reaches the general path: the callers check it)."""
     from . import ops  # imports torch and registers every custom op, on first use
     qc, kc = tensors[0], tensors[2]
     cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
     sq, sk = (max_q, max_k) if varlen is not None else (qc.shape[-3], kc.shape[-3])
-    reason = _general_path_reason(int(qc.shape[-1]), sq, sk)
+    reason = _checks.general_path_reason(int(qc.shape[-1]), sq, sk)
     if reason is None and varlen is None and seqused_k is None and not causal:
         out, lse = ops.direct.attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                                            checked=checked)
+                                            checked=checked, qk_format=qk_format)
     else:
         if reason is not None:
             _warn_general_path(reason)
@@ -160,7 +168,7 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
         # fast: causal, packed sequences, key counts (the fast path's other modes); else the general path
         out, lse = ops.direct.attention_sequence(reason is None, tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                  causal, mid_window_blocks, return_lse, seqused_k, out_dtype,
-                                                 checked=checked)
+                                                 checked=checked, qk_format=qk_format)
     return _finish(out, lse, rank if varlen is None else 4, return_lse)
 
 
@@ -183,7 +191,7 @@ def _cast_out(res, out_dtype):
 # ---- public functions ---------------------------------------------------------------------------------
 
 def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, *,
-                seqused_k=None) -> PreparedFP8:
+                seqused_k=None, qk_format="e4m3", k_smoothing=False) -> PreparedFP8:
     """Quantizes ``q, k, v`` for :func:`attention_fp8` (docs/numerics.md section 1).
 
     q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
@@ -200,7 +208,16 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
     seqused_k: optional int32 CUDA tensor of key counts, one per batch entry (or sequence): entry b uses
     its first seqused_k[b] keys (clamped to [0, Sk] on the GPU); the rest are padding, left out of the K
     block and V scales and never attended. :func:`attention_fp8` then uses the same counts.
+
+    qk_format: "e4m3" (default) or "int8": INT8 Q/K codes (torch.int8), q_descale per query row, k_descale
+    per 16-key group (layouts in :class:`PreparedFP8`), every form above (batched, packed, key counts,
+    head_dim 128 and 64). INT8 runs on the sm_90a fast path only: sizes past its range
+    (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32) raise ValueError naming qk_format. k_smoothing: quantize K
+    minus its per-(sequence, head) channel mean over the valid keys (either format; attention is invariant
+    to that shift, and the codes lose less to a common K offset). Anything but the two strings raises
+    ValueError naming qk_format; a non-bool k_smoothing TypeError.
     """
+    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if any(x is not None for x in varlen):
         if cu_seqlens_q is None and cu_seqlens_k is None:
@@ -208,19 +225,21 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
             raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
                              "None")
         _checks.check_varlen(q, k, v, *varlen)
+        _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[2]), max_seqlen_q, max_seqlen_k))
         from . import ops
         tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                seqused_k)
+                                                seqused_k, qk_format=fmt, k_smoothing=smooth)
         return PreparedFP8(*tensors, batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q),
                            seqlen_k=int(max_seqlen_k), heads=int(q.shape[1]), head_dim=int(q.shape[2]),
                            input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                           seqused_k=seqused_k)
+                           seqused_k=seqused_k, qk_format=fmt, k_smoothing=smooth)
     q4, k4, v4, rank = _checks.check_tokens(q, k, v)
-    from . import ops
-    tensors = ops.direct.prepare_fp8(q4, k4, v4, seqused_k)
     b, sq, h, d = (int(s) for s in q4.shape)
+    _checks.require_fast_path(fmt, _checks.general_path_reason(d, sq, int(k4.shape[1])))
+    from . import ops
+    tensors = ops.direct.prepare_fp8(q4, k4, v4, seqused_k, qk_format=fmt, k_smoothing=smooth)
     return PreparedFP8(*tensors, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h, head_dim=d,
-                       input_rank=rank, dtype=q.dtype, seqused_k=seqused_k)
+                       input_rank=rank, dtype=q.dtype, seqused_k=seqused_k, qk_format=fmt, k_smoothing=smooth)
 
 
 def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
@@ -234,22 +253,27 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     [H, total_q] packed). head_dim 128 and 64 run the sm_90a fast path.
     out_dtype: None or torch.bfloat16 (the default: BF16 out), or torch.float16: the kernels write FP16
     directly (no cast kernel), for FP16 models.
+    The Q/K format is the preparation's (``prepared.qk_format``): an INT8 preparation runs on the fast path
+    in every form above; one the fast path cannot take raises ValueError naming prepared.qk_format.
     """
     _checks.out_dtype(out_dtype)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
     meta = _checks.check_prepared_fp8(prepared, allow_varlen=True)
+    reason = _checks.general_path_reason(meta["head_dim"], meta["seqlen_q"], meta["seqlen_k"])
+    _checks.require_fast_path(meta["qk_format"], reason, "prepared.qk_format")
     varlen = ((prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"], meta["seqlen_k"])
               if prepared.is_varlen else None)
     return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal, varlen,
-                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"), out_dtype=out_dtype)
+                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"), out_dtype=out_dtype,
+                          qk_format=meta["qk_format"])
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
               mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, out_dtype=None,
-              version="open-vc", mode="expcast"):
+              version="open-vc", mode="expcast", qk_format="e4m3", k_smoothing=False):
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
@@ -282,8 +306,15 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
 
     out_dtype: None or torch.bfloat16 (default, BF16 out for BF16 and FP16 inputs alike), or torch.float16:
     the kernels write FP16 directly, so FP16 models need no cast kernel.
+
+    qk_format: "e4m3" (default) or "int8" (INT8 Q/K codes with per-row Q and per-16-key-group K descales,
+    docs/numerics.md section 9), in every call form above; INT8 runs on the sm_90a fast path only, so a
+    call that would need the general path (sizes past its range) raises ValueError naming qk_format before
+    anything is prepared. k_smoothing: quantize K minus its per-channel mean (either format). See
+    :func:`prepare_fp8`. The BF16 reference (version="reference") checks and ignores both.
     """
     _checks.out_dtype(out_dtype)
+    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
@@ -309,17 +340,20 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             from . import _sdpa
             return _cast_out(_sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=seqused_k,
                                                   keep=keep), out_dtype)
+        reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
+        _checks.require_fast_path(fmt, reason)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         from . import ops   # checked: every argument above (ops.direct skips the ops' second check)
-        if _general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk) is None and \
-                ops.direct.eager(q4, k4, v4, seqused_k):
+        if reason is None and ops.direct.eager(q4, k4, v4, seqused_k):
             # eager on the fast path: two launches, the FP8 intermediates in one scratch allocation
             with ops.direct.named("open_vc_attn::attention"):
-                out, lse = ops.oneshot.attention(q4, k4, v4, seqused_k, scale, causal, mid, want_lse, out_dtype)
+                out, lse = ops.oneshot.attention(q4, k4, v4, seqused_k, scale, causal, mid, want_lse, out_dtype,
+                                                 fmt, smooth)
             return _finish(out, lse, rank, want_lse)
-        return _run_attention(ops.direct.prepare_fp8(q4, k4, v4, seqused_k, checked=True), rank, scale, mid, want_lse,
-                              causal, seqused_k=seqused_k, out_dtype=out_dtype, checked=True)
+        prepared = ops.direct.prepare_fp8(q4, k4, v4, seqused_k, checked=True, qk_format=fmt, k_smoothing=smooth)
+        return _run_attention(prepared, rank, scale, mid, want_lse, causal, seqused_k=seqused_k, out_dtype=out_dtype,
+                              checked=True, qk_format=fmt)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
                          "seqused_k to cut each sequence's keys)")
@@ -337,7 +371,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         from . import _sdpa
         return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
                          out_dtype)
+    _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[-1]), max_q, max_k))
     from . import ops
-    tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, checked=True)
+    tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, checked=True,
+                                            qk_format=fmt, k_smoothing=smooth)
     return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k),
-                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype, checked=True)
+                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype, checked=True, qk_format=fmt)

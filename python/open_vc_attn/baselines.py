@@ -110,7 +110,7 @@ def vc_grouping(v):
     return perm[0] if rank == 3 else perm
 
 
-def prepare_vc(q, k, v, permutation=None) -> PreparedVC:
+def prepare_vc(q, k, v, permutation=None, *, qk_format="e4m3") -> PreparedVC:
     """Quantizes q, k, v for :func:`attention_vc` (section 7); bit-identical to reference.vc_prepare.
 
     q: [B, Sq, H, 128] or [Sq, H, 128]; k, v: [B, Sk, H, 128] (same conventions as api.prepare_fp8:
@@ -118,8 +118,10 @@ def prepare_vc(q, k, v, permutation=None) -> PreparedVC:
     permutation: None (compute it with :func:`vc_grouping`), the int32 tensor [B, H, Sk] ([H, Sk] for
     rank-3 inputs) of an earlier grouping, or an earlier :class:`PreparedVC` whose grouping to reuse
     (later denoising steps: only the per-call preparation runs). Its values are read on the GPU only, so
-    they are not checked: it must be a permutation of [0, Sk) per (batch, head).
+    they are not checked: it must be a permutation of [0, Sk) per (batch, head). qk_format: "e4m3" only (the
+    baseline's numerics, section 7): "int8" raises ValueError naming qk_format.
     """
+    _checks.require_e4m3(_checks.qk_format(qk_format), "the VC baseline")
     q4, k4, v4, rank = _checks_baselines.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)
     from . import ops
@@ -149,10 +151,12 @@ def attention_vc(prepared, *, softmax_scale=None, return_lse=False):
     return _attend(prepared.tensors(), meta["input_rank"], scale, want_lse)
 
 
-def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=False):
+def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=False, qk_format="e4m3"):
     """:func:`prepare_vc` then :func:`attention_vc` (same arguments and results): group (unless a
     permutation or PreparedVC is given), prepare, attend. The intermediates are freed on return. Goes
-    through the ops directly (no PreparedVC object), so ``torch.compile(fullgraph=True)`` traces it."""
+    through the ops directly (no PreparedVC object), so ``torch.compile(fullgraph=True)`` traces it.
+    qk_format: "e4m3" only ("int8" raises ValueError naming qk_format)."""
+    _checks.require_e4m3(_checks.qk_format(qk_format), "the VC baseline")
     scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
     q4, k4, v4, rank = _checks_baselines.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)

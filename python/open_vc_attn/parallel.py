@@ -13,9 +13,9 @@ torch is imported inside the functions only: ``import open_vc_attn.parallel`` do
 Exactness (why ``ulysses_attention`` equals ``open_vc_attn.attention`` on the gathered inputs, bit for bit):
 the all-to-alls move bytes without arithmetic; openvc computes each (batch, head) independently of the
 others and of the input strides, so attending H/N heads of the full sequence gives those heads' bytes of
-the single-GPU call. In the FP8 path, Q/K descales are per 128-token block, so a shard whose length is a
-multiple of 128 quantizes to the same blocks; the V scale is one per (sequence, head), computed from the
-exact MAX all-reduce of the shards' amax, with the same FP32 arithmetic as the prepare kernel
+the single-GPU call. In the FP8 path, Q/K descales are per 128-token block (INT8: Q per row, K per 16-key
+group of a 128-key block), so a shard whose length is a multiple of 128 quantizes to the same groups; the
+V scale is one per (sequence, head), computed from the exact MAX all-reduce of the shards' amax, with the same FP32 arithmetic as the prepare kernel
 (``448 / amax`` and ``amax / 448`` correctly rounded, one FP32 multiply, E4M3 round-to-nearest-even with
 saturation to +-448, NaN -> 0x7F).
 """
@@ -115,6 +115,15 @@ def _heads_to_seq(out, world, group):
     return recv.permute(1, 2, 0, 3, 4).reshape(b, sl, world * hl, d)
 
 
+def _k_descale_to_heads(descale, world, group):
+    """K descales -> this rank's heads, blocks in global order: E4M3 [B, H, S/N/128] as _blocks_to_heads;
+    INT8 [B, H, S/N/128, 8] (8 key groups per block) as the same exchange of the flattened groups."""
+    if descale.dim() == 3:
+        return _blocks_to_heads(descale, world, group)
+    b, h, nl, g = (int(n) for n in descale.shape)
+    return _blocks_to_heads(descale.reshape(b, h, nl * g), world, group).reshape(b, h // world, world * nl, g)
+
+
 def _blocks_to_heads(descale, world, group):
     """Per-block descales [B, H, S/N/128] -> [B, H/N, S/128] (blocks in global order), contiguous."""
     b, h, nl = (int(n) for n in descale.shape)
@@ -194,7 +203,8 @@ def _no_timer(name):
     return contextlib.nullcontext()
 
 
-def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all, timer=None):
+def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all, timer=None,
+             qk_format="e4m3", k_smoothing=False):
     """ulysses_attention; ``timer(name)`` (a context manager, e.g. one recording CUDA events) brackets the
     phases "quantize", "all_to_all", "pack" and "attention" (scripts/device/ulysses_multi_gpu.py)."""
     dist = _dist()
@@ -202,8 +212,12 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
     scale = _checks.softmax_scale(softmax_scale)   # validated before any collective
     _checks.mid_window(mid_window_blocks)
     _checks.return_lse(return_lse)
+    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     if not isinstance(fp8_all_to_all, bool):
         raise TypeError(f"fp8_all_to_all: expected a bool, got {type(fp8_all_to_all).__name__}")
+    if fp8_all_to_all and smooth:
+        raise ValueError("k_smoothing: not taken with fp8_all_to_all=True (K's channel means span the whole "
+                         "sequence, which no rank holds before the all-to-all); use fp8_all_to_all=False")
     world, me = _group_info(group)
     q4, k4, v4, rank = _check_args(q, k, v, world, fp8_all_to_all)
     opts = dict(softmax_scale=None if scale == 0.0 else scale, mid_window_blocks=mid_window_blocks,
@@ -213,12 +227,12 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
         with timer("all_to_all"):
             qh, kh, vh = (_seq_to_heads(x, world, group) for x in (q4, k4, v4))
         with timer("attention"):
-            res = api.attention(qh, kh, vh, **opts)
+            res = api.attention(qh, kh, vh, qk_format=fmt, k_smoothing=smooth, **opts)
     else:
         heads = int(q4.shape[2])
         hl = heads // world
         with timer("quantize"):
-            prep = api.prepare_fp8(q4, k4, v4)   # Q/K: the single-GPU blocks; its V (local scale) is unused
+            prep = api.prepare_fp8(q4, k4, v4, qk_format=fmt)   # Q/K: the single-GPU groups; its V is unused
             amax = _v_amax(v4)                    # [B, H] over this shard
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)   # exact: the whole sequence's amax
             v_codes, v_descale = _quantize_v(v4, amax)
@@ -226,12 +240,13 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
             qc = _seq_to_heads(prep.q_codes, world, group).contiguous()
             kc = _seq_to_heads(prep.k_codes, world, group).contiguous()
             vc = _seq_to_heads(v_codes, world, group)
-            qd = _blocks_to_heads(prep.q_descale, world, group)
-            kd = _blocks_to_heads(prep.k_descale, world, group)
+            qd = _blocks_to_heads(prep.q_descale, world, group)   # INT8: per row, in token order the same way
+            kd = _k_descale_to_heads(prep.k_descale, world, group)
         with timer("pack"):
             v_packed = _pack_v(vc)
             vd = v_descale[:, me * hl:(me + 1) * hl].contiguous()
-            prepared = api.PreparedFP8.from_quantized(qc, qd, kc, kd, v_packed, vd, input_rank=4, dtype=q.dtype)
+            prepared = api.PreparedFP8.from_quantized(qc, qd, kc, kd, v_packed, vd, input_rank=4, dtype=q.dtype,
+                                                      qk_format=fmt)
         with timer("attention"):
             res = api.attention_fp8(prepared, **opts)
     out, lse = res if return_lse else (res, None)
@@ -243,7 +258,7 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
 
 
 def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
-                      return_lse=False, fp8_all_to_all=False):
+                      return_lse=False, fp8_all_to_all=False, qk_format="e4m3", k_smoothing=False):
     """Ulysses sequence-parallel openvc attention over the ``torch.distributed`` group ``group``
     (None: the default group) of N ranks; every rank of the group must call it with the same shapes.
 
@@ -263,22 +278,32 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
     and torch ops; V is packed after the all-to-all. Needs every shard length (S/N of q and of k) to be a
     multiple of 128 (else ValueError suggesting fp8_all_to_all=False).
 
+    qk_format, k_smoothing: as for :func:`open_vc_attn.attention` (the default "e4m3", False). Without
+    fp8_all_to_all both go to the attention on the gathered heads (exact as above: the K channel means are
+    per (sequence, head), over the whole sequence). With fp8_all_to_all=True, qk_format="int8" quantizes
+    Q and K to INT8 on the shard (per-row Q descales and per-16-key-group K descales travel in their own
+    all-to-alls, the same bytes as on one GPU); k_smoothing=True is not taken there (the channel means span
+    the whole sequence): ValueError naming k_smoothing, before any collective.
+
     Returns out, bfloat16 ``[B, S/N, H, D]`` (q's shape), or with return_lse ``(out, lse)`` where lse is
     the float32 natural-log LSE of this rank's heads over the whole query sequence, ``[B, H/N, S]``
     (``[H/N, S]`` for rank-3 inputs), as computed on this rank (no second all-to-all): heads
     ``r*H/N ..`` of ``open_vc_attn.attention(..., return_lse=True)`` on the full inputs.
     """
-    return _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all)
+    return _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all,
+                    qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 # ---- partial attentions and their merge ------------------------------------------------------------------
 
-def attention_with_lse(q, k, v, *, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS):
+def attention_with_lse(q, k, v, *, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
+                       qk_format="e4m3", k_smoothing=False):
     """:func:`open_vc_attn.attention` with ``return_lse=True``: ``(out, lse)``, out bfloat16 in q's shape,
     lse float32 ``[B, H, Sq]`` (``[H, Sq]`` for a rank-3 q), natural log. k, v may be any subset of the keys
-    (Sq != Sk is supported); merge partial results with :func:`merge_attention_states`."""
+    (Sq != Sk is supported); merge partial results with :func:`merge_attention_states`. qk_format and
+    k_smoothing as for :func:`open_vc_attn.attention` (K smoothing then uses each part's own key means)."""
     return api.attention(q, k, v, softmax_scale=softmax_scale, mid_window_blocks=mid_window_blocks,
-                          return_lse=True)
+                          return_lse=True, qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):

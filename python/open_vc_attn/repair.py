@@ -68,8 +68,10 @@ def repair_rows(budget, seqlen_k: int) -> int:
 
 
 def _check_prepared_kind(prepared):
-    """Before the tensor checks: a given preparation must be a batched PreparedFP8."""
+    """Before the tensor checks: a given preparation must be a batched E4M3 PreparedFP8."""
     _checks.require_instance(prepared, PreparedFP8, "prepared", "None or a PreparedFP8 from open_vc_attn.prepare_fp8")
+    _checks.require_e4m3(_checks.qk_format(prepared.qk_format, "prepared.qk_format"), "V residual repair",
+                         "prepared.qk_format")
     if prepared.is_varlen:
         raise ValueError("prepared: packed variable-length sequences (cu_seqlens) are not supported by "
                          "prepare_v_repair yet: prepare the sequences batched [B, S, H, D]")
@@ -77,7 +79,7 @@ def _check_prepared_kind(prepared):
 
 def _check_prepared_matches(prepared, v4):
     """A given PreparedFP8 must be a preparation of these tokens (same sizes and device)."""
-    meta = _checks.check_prepared_fp8(prepared, what="V residual repair")
+    meta = _checks.check_prepared_fp8(prepared, what="V residual repair", e4m3_only=True)
     b, sk, h, d = (int(s) for s in v4.shape)
     if (meta["batch"], meta["seqlen_k"], meta["heads"], meta["head_dim"]) != (b, sk, h, d):
         raise ValueError(f"prepared: expected a preparation of k and v with B={b} Sk={sk} H={h} D={d}, got B="
@@ -86,7 +88,8 @@ def _check_prepared_matches(prepared, v4):
         raise ValueError(f"prepared: expected tensors on v's device {v4.device}, got {prepared.device}")
 
 
-def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None, sample_rows=64) -> PreparedRepair:
+def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None, sample_rows=64,
+                     qk_format="e4m3") -> PreparedRepair:
     """Quantizes ``q, k, v`` (:func:`open_vc_attn.prepare_fp8`, unless ``prepared`` is given) and builds V
     residual repair rows for ``round(budget * Sk)`` tokens per (batch, head).
 
@@ -94,8 +97,11 @@ def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None
     or float16 CUDA tensors, head_dim 128). budget: float in [0, 1); one that selects zero tokens gives the
     plain path. selection: "energy" (GPU, the reference's order) or "attention" (energy x estimated column
     mass over ``sample_rows`` query rows). prepared: an existing batched PreparedFP8 of exactly these q, k, v
-    (skips re-quantizing; packed cu_seqlens preparations are rejected).
+    (skips re-quantizing; packed cu_seqlens preparations are rejected). qk_format: "e4m3" only: the repair
+    rows copy E4M3 K codes and their block descales, so qk_format="int8" (or an INT8 ``prepared``) raises
+    ValueError naming qk_format (prepared.qk_format).
     """
+    _checks.require_e4m3(_checks.qk_format(qk_format), "V residual repair")
     budget = _checks_baselines.budget(budget)
     selection = _checks_baselines.selection(selection)
     sample_rows = _checks_baselines.sample_rows(sample_rows)
@@ -122,14 +128,15 @@ def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
     """ExpCast FP8 attention with V residual repair (sections 2-6): the original keys as in
     :func:`open_vc_attn.attention_fp8`, then the repair rows, which add to the numerator only.
 
-    prepared: a :class:`PreparedRepair`. Same arguments and results as :func:`open_vc_attn.attention_fp8`;
-    with rows == 0 this is exactly that function.
+    prepared: a :class:`PreparedRepair` (of an E4M3 preparation: INT8 raises ValueError naming
+    prepared.qk_format). Same arguments and results as :func:`open_vc_attn.attention_fp8`; with rows == 0
+    this is exactly that function.
     """
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse = _checks.return_lse(return_lse)
     _checks.require_instance(prepared, PreparedRepair, "prepared",
                              "a PreparedRepair from open_vc_attn.repair.prepare_v_repair")
-    meta = _checks.check_prepared_fp8(prepared.prepared, what="V residual repair")
+    meta = _checks.check_prepared_fp8(prepared.prepared, what="V residual repair", e4m3_only=True)
     rows = prepared.rows
     if isinstance(rows, bool) or not isinstance(rows, numbers.Integral) or not 0 <= rows <= meta["seqlen_k"]:
         raise ValueError(f"prepared.rows: expected an int in [0, Sk = {meta['seqlen_k']}], got {rows!r}")

@@ -41,6 +41,16 @@
 #   host-breakdown    scripts/device/host_breakdown.py: host time of each step of one eager attention() call
 #                     (Sq = Sk = 256, H = 12) against SDPA; $OUT/host_breakdown.json.
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
+#   anchors           the same-run peers: runs the carried, git-ignored .anchors/build.sh (made as
+#                     shared/tools/fa3-anchor.md and sage2-anchor.md say; it starts the FA3 and SageAttention2
+#                     builds in the background under /tmp/w, logs $OUT/anchor-*.log) and sets PYTHONPATH for the
+#                     later steps (/tmp/w/fa/hopper, /tmp/w/sage). On a warm machine a later call starts nothing new.
+#   modes-int8        python -m open_vc_attn.bench.modes --cases int8 (issue 25's shapes: openvc e4m3 / int8 /
+#                     int8+smooth, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS rounds, default 7).
+#   qk-tradeoff       python -m open_vc_attn.bench.qk_tradeoff: error vs speed of the Q/K formats and the peers,
+#                     $OUT/qk_tradeoff.{json,md,png} ($QK_TRADEOFF_ARGS appended, e.g. "--seeds 0,1,2").
+#                     Both wait for the anchors' builds first (at most $ANCHOR_WAIT_S s, default 420) and say
+#                     which peers are available.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -296,6 +306,62 @@ step_ulysses() {
      --heads 56 --iters 5 --json "$OUT/ulysses.json" 2>&1 | tee "$OUT/ulysses.log" | grep "\[ulysses\]"; exit "${PIPESTATUS[0]}")
 }
 
+# ---- same-run peers from the carried .anchors (never committed) ------------------------------------------------
+
+ANCHOR_W=/tmp/w
+ANCHORS_STARTED=
+
+anchor_running() { [ -f "$ANCHOR_W/$1.pid" ] && kill -0 "$(cat "$ANCHOR_W/$1.pid")" 2>/dev/null; }
+
+# The peers are built by the carried, git-ignored .anchors/build.sh (made on the CPU machine as
+# shared/tools/fa3-anchor.md and sage2-anchor.md say; nothing that builds them is committed): it unpacks
+# under /tmp/w, starts both builds in the background (pid and exit code in /tmp/w/NAME.pid, NAME.rc for
+# NAME fa3 and sage2) and returns.
+step_anchors() {
+  [ -f "$REPO/.anchors/build.sh" ] || { echo "anchors: carry .anchors (with its build.sh) to measure the peers"; return 1; }
+  OUT=$OUT PYTHON=$PY bash "$REPO/.anchors/build.sh" || return 1
+  export PYTHONPATH=$ANCHOR_W/fa/hopper:$ANCHOR_W/sage${PYTHONPATH:+:$PYTHONPATH}
+  ANCHORS_STARTED=1
+}
+
+anchors_wait() {  # anchors_wait STEP: waits for the builds (at most $ANCHOR_WAIT_S s), then says which peers import
+  [ -n "$ANCHORS_STARTED" ] || { echo "$1: no anchors step before this one: peers only if already importable"; }
+  local waited=0 limit=${ANCHOR_WAIT_S:-420} n
+  if [ -n "$ANCHORS_STARTED" ]; then
+    while { anchor_running fa3 || anchor_running sage2; } && [ $waited -lt "$limit" ]; do sleep 5; waited=$((waited + 5)); done
+    for n in fa3 sage2; do
+      if [ -f "$ANCHOR_W/$n.rc" ]; then echo "$1: $n build rc=$(cat "$ANCHOR_W/$n.rc") (waited ${waited} s)"
+        [ "$(cat "$ANCHOR_W/$n.rc")" = 0 ] || tail -5 "$OUT/anchor-$n.log"
+      else echo "$1: $n still building after ${waited} s (log $OUT/anchor-$n.log): measured without it"; fi
+    done
+  fi
+  (cd /tmp && "$PY" - <<'PY'
+import importlib
+for mod, attr, name in (("flash_attn_interface", "flash_attn_func", "FA3 (fa3-fp8, fa3-bf16)"),
+                        ("sageattention", "sageattn", "SageAttention2 (sage2)")):
+    try:
+        getattr(importlib.import_module(mod), attr)
+        print(f"peers: {name}: available")
+    except Exception as exc:
+        print(f"peers: {name}: NOT available ({type(exc).__name__}: {str(exc)[:160]})")
+PY
+  )
+}
+
+step_modes_int8() {
+  step_install || return 1
+  anchors_wait modes-int8 | tee -a "$OUT/modes-int8.log"
+  (cd /tmp && timeout 540 "$PY" -m open_vc_attn.bench.modes --cases int8 --rounds "${MODES_ROUNDS:-7}" \
+     --out "$OUT/modes-int8.json" >> "$OUT/modes-int8.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-int8.log" | tail -40; exit $r)
+}
+
+step_qk_tradeoff() {
+  step_install || return 1
+  anchors_wait qk-tradeoff | tee -a "$OUT/qk-tradeoff.log"
+  (cd /tmp && timeout 540 "$PY" -m open_vc_attn.bench.qk_tradeoff --out "$OUT/qk_tradeoff.json" ${QK_TRADEOFF_ARGS:-} \
+     >> "$OUT/qk-tradeoff.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/qk-tradeoff.log" | tail -45; exit $r)
+}
+
 # ---- driver -------------------------------------------------------------------------------------------------
 
 [ $# -gt 0 ] && [ "$1" != help ] || { sed -n '2,/^set -u/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0; }
@@ -303,10 +369,12 @@ STEPS=()
 while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
-PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses "
+PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
+modes-int8 qk-tradeoff "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
+OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do
-  case "$PY_STEPS$CPP_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
+  case "$PY_STEPS$CPP_STEPS$OTHER_STEPS" in *" $s "*) ;; *) [[ $s == bench:* ]] ||
     { echo "check.sh: unknown step '$s' (bash scripts/device/check.sh help)"; exit 2; } ;; esac
 done
 for s in "${STEPS[@]}"; do   # a Python step ahead: the wheel builds while the C++ steps run

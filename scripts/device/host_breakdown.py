@@ -34,7 +34,7 @@ t("launch_prepare", lambda: fp8.launch_prepare(q, k, v, outs, None), res=res)
 p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=12, head_dim=128, q=dev.token_view(q),
                k=dev.token_view(k), v=dev.token_view(v), **dict(zip(fp8.FP8_NAMES, (x.data_ptr() for x in outs))))
 p.batch, p.seqlen_q, p.seqlen_k = 1, 256, 256
-ws = dev.workspace(ext.prepare_workspace_bytes(1, 12), q.device)
+ws = dev.workspace(ext.prepare_workspace_bytes(1, 12, 256, False), q.device)
 p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
 t("ext.prepare_fp8 (C++ + 3 launches)", lambda: ext.prepare_fp8(p, torch.cuda.current_stream().cuda_stream), res=res)
 t("enqueue(ext.prepare_fp8)", lambda: dev.enqueue(ext.prepare_fp8, p, q.device), res=res)

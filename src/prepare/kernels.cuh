@@ -1,8 +1,10 @@
-// Preparation kernels (docs/numerics.md section 1): BF16/FP16 [B,S,H,D] or packed [total,H,D]
-// sequences (cu_seqlens) -> FP8 E4M3 codes + descales. "Batch" b below is a sequence: batch index, or
-// packed sequence index.
+// Preparation kernels (docs/numerics.md sections 1 and 9): BF16/FP16 [B,S,H,D] or packed [total,H,D]
+// sequences (cu_seqlens) -> FP8 E4M3 (or INT8 Q/K) codes + descales. "Batch" b below is a sequence:
+// batch index, or packed sequence index.
 //   quantize_qk_kernel: Q and K, one CTA per (batch, head, 128-token block) of either tensor; it also
 //                       zeroes the V amax slot of its (batch, head), so no memset launch is needed.
+//                       quantize_qk_int8_kernel is its INT8 twin (Q per row, K per key group). With K
+//                       smoothing both subtract the channel means of smoothing.cuh's kernels from K.
 //   v_amax_kernel:      V, one CTA per (batch, head, 128-token block): block max, then atomicMax on
 //                       the float bits (amax >= 0, so unsigned order is float order).
 //   v_pack_kernel:      V, one CTA per (batch, head, 128-token block): codes with the per-head scale,
@@ -87,12 +89,13 @@ struct QkSide {
   TokenArgs in;
   int nblocks;        // ceil(seqlen / 128)
   uint8_t* codes;     // [B, S, H, D], or [total, H, D] packed
-  float* descale;     // [B, H, nblocks]
+  float* descale;     // [B, H, nblocks] (INT8: Q [B, H, seqlen], K [B, H, nblocks, kKeyGroups])
 };
 struct QkArgs {
   QkSide side[2];     // 0: Q, 1: K
   int heads;
   uint32_t* v_amax;   // [B, H] workspace, zeroed here
+  const float* k_mean;  // [B, H, D] K smoothing means (smoothing.cuh), read by the kSmooth kernels only
 };
 
 struct VArgs {
@@ -227,9 +230,49 @@ __device__ __forceinline__ CtaCoord cta_coord(int heads, int nblocks) {
   return {x - hb * heads, hb % nblocks, hb / nblocks};
 }
 
+// ---- K smoothing on the tile (numerics sections 1 and 9) --------------------------------------------
+// This thread's 16 channel means (its chunks are always channels 16 * (tid % kChunksPerToken) .. +15).
+template <int D>
+__device__ __forceinline__ void load_means(const float* mean, float (&m)[16]) {
+  const float4* src = reinterpret_cast<const float4*>(mean + 16 * (threadIdx.x % Tile<D>::kChunksPerToken));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 f = __ldg(src + i);
+    m[4 * i] = f.x, m[4 * i + 1] = f.y, m[4 * i + 2] = f.z, m[4 * i + 3] = f.w;
+  }
+}
+// The 16 smoothed values k' = fl(k - mean_c) of one chunk pair (one FP32 subtraction each).
+template <typename T>
+__device__ __forceinline__ void smoothed_chunk(const uint4 (&v)[2], const float (&m)[16], float (&f)[16]) {
+  const uint32_t w[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 e = unpack2<T>(w[i]);  // elements 2i, 2i + 1
+    f[2 * i] = __fsub_rn(e.x, m[2 * i]);
+    f[2 * i + 1] = __fsub_rn(e.y, m[2 * i + 1]);
+  }
+}
+// max |k'| over one chunk pair; fmaxf leaves NaN out, like the reference's amax.
+__device__ __forceinline__ float amax16(const float (&f)[16]) {
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) a = fmaxf(a, fabsf(f[i]));
+  return a;
+}
+// 16 smoothed values -> 16 E4M3 codes of fl(k' * scale_inv).
+__device__ __forceinline__ uint4 encode16_e4m3(const float (&f)[16], float s) {
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    c[i] = detail::e4m3_encode4(__fmul_rn(f[4 * i], s), __fmul_rn(f[4 * i + 1], s), __fmul_rn(f[4 * i + 2], s),
+                                __fmul_rn(f[4 * i + 3], s));
+  return make_uint4(c[0], c[1], c[2], c[3]);
+}
+
 // ---- (1) Q and K per-block quantization -----------------------------------------------------------
-// Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's.
-template <typename T, int D>
+// Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's. kSmooth: K is smoothed with
+// args.k_mean (padding tokens are left out of the amax explicitly: 0 - mean is not 0).
+template <typename T, int D, bool kSmooth>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     quantize_qk_kernel(const __grid_constant__ QkArgs args) {
   using TL = Tile<D>;
@@ -249,16 +292,40 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 
   uint4 v[TL::kPasses][2];
   load_tile<D, true>(s.in, span, c.h, token0, v);
-  const float amax = block_max<D>(thread_amax<T, D>(v), red);
-  const float scale_inv = scale_inv_of(amax);
-  if (threadIdx.x == 0) *descale = descale_of(amax);
-
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   const int valid = span.len - token0;
   // codes [total, H, D] contiguous ([B, S, H, D] when batched): token row stride H*D bytes.
   uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
+  if (kSmooth && which == 1) {  // smoothed K (a CTA-uniform branch)
+    float m[16];
+    load_means<D>(args.k_mean + (static_cast<int64_t>(c.b) * args.heads + c.h) * D, m);
+    float a = 0.0f;
+#pragma unroll
+    for (int p = 0; p < TL::kPasses; ++p) {
+      if (t + p * TL::kTokenStep < valid) {
+        float f[16];
+        smoothed_chunk<T>(v[p], m, f);
+        a = fmaxf(a, amax16(f));
+      }
+    }
+    const float amax = block_max<D>(a, red);
+    const float scale_inv = scale_inv_of(amax);
+    if (threadIdx.x == 0) *descale = descale_of(amax);
+#pragma unroll
+    for (int p = 0; p < TL::kPasses; ++p) {
+      if (t + p * TL::kTokenStep < valid) {
+        float f[16];
+        smoothed_chunk<T>(v[p], m, f);
+        *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode16_e4m3(f, scale_inv);
+      }
+    }
+    return;
+  }
+  const float amax = block_max<D>(thread_amax<T, D>(v), red);
+  const float scale_inv = scale_inv_of(amax);
+  if (threadIdx.x == 0) *descale = descale_of(amax);
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
     if (t + p * TL::kTokenStep < valid)
@@ -266,7 +333,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   }
 }
 
-// ---- (1b) INT8 Q per row and K per block (numerics section 9, without K smoothing) ----------------
+// ---- (1b) INT8 Q per row and K per (block, key group) (numerics section 9) ----------------------------
 // Section 9 scales: 127 / amax and amax / 127, the group all zeros where 127 / amax overflows.
 __device__ __forceinline__ float int8_scale_inv(float amax) {
   const float s = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
@@ -306,14 +373,35 @@ __device__ __forceinline__ float chunk_amax(const uint4 (&v)[2]) {
   const float2 f = unpack2<T>(m);
   return fmaxf(f.x, f.y);
 }
-// The grid and tile walk of quantize_qk_kernel. Q blocks: each token row's D elements are spread over
-// kChunksPerToken neighbouring lanes, whose shuffle max is the row's amax; q descale [B, H, S] (the row's
-// Q descale at (b * H + h) * S + token). K blocks: one scale per block as E4M3, INT8 codes.
-template <typename T, int D>
+// 16 smoothed values -> 16 INT8 codes of fl(k' * scale_inv).
+__device__ __forceinline__ uint4 encode16_int8(const float (&f)[16], float s) {
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    c[i] = int8_byte(__fmul_rn(f[4 * i], s)) | int8_byte(__fmul_rn(f[4 * i + 1], s)) << 8 |
+           int8_byte(__fmul_rn(f[4 * i + 2], s)) << 16 | int8_byte(__fmul_rn(f[4 * i + 3], s)) << 24;
+  return make_uint4(c[0], c[1], c[2], c[3]);
+}
+
+inline constexpr int kKeyGroups = 8;  // == kInt8KeyGroups: K descales per 128-key block
+
+// The grid and tile walk of quantize_qk_kernel (batched or packed, key counts, D = 64 or 128).
+// Q blocks: each token row's D elements are spread over kChunksPerToken neighbouring lanes, whose
+// shuffle max is the row's amax; q descale [G, H, seqlen] (seqlen = max_seqlen_q when packed), row i at
+// (b * H + h) * seqlen + i, 0 for rows in [len, seqlen) of a shorter sequence.
+// K blocks: one group per (block, key group), g = ((c mod 8) / 2) + 4 * (c / 64) for key c of the block.
+// Thread tid holds tokens t + 32 p (t = tid / kChunksPerToken, p = 0..3), so its passes 0, 1 are group
+// (t mod 8) / 2 and passes 2, 3 group (t mod 8) / 2 + 4: a shuffle over the lanes of the token pair
+// {t, t ^ 1} (same groups), one shared slot per pair, and each group the max of its 4 pairs. k descale
+// [G, H, nblocks, 8]; groups without a valid key (past the end or the key count) get 0. kSmooth: K is
+// smoothed with args.k_mean first.
+template <typename T, int D, bool kSmooth>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     quantize_qk_int8_kernel(const __grid_constant__ QkArgs args) {
   using TL = Tile<D>;
-  __shared__ float red[TL::kWarps];
+  constexpr int kC = TL::kChunksPerToken;
+  static_assert(TL::kPasses == 4 && TL::kTokenStep == 32, "passes 0-1 are keys < 64, passes 2-3 keys >= 64");
+  __shared__ float pair_max[2][16];  // [passes 0-1 / 2-3][token pair t / 2]
   const CtaCoord c = cta_coord(args.heads, args.side[0].nblocks + args.side[1].nblocks);
   const int which = c.blk >= args.side[0].nblocks ? 1 : 0;
   const QkSide& s = args.side[which];
@@ -321,33 +409,88 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = blk * kBlockTokens;
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
   const SeqSpan span = seq_span(s.in, c.b);
-  const int t = threadIdx.x / TL::kChunksPerToken;
-  const int sub = threadIdx.x % TL::kChunksPerToken;
+  const int t = threadIdx.x / kC;
+  const int sub = threadIdx.x % kC;
   const int valid = span.len - token0;
-  uint4 v[TL::kPasses][2];
-  load_tile<D, true>(s.in, span, c.h, token0, v);
+  const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
   uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
-  if (which == 1) {   // K: one scale per block (a CTA-uniform branch)
-    float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk;
-    const float amax = block_max<D>(thread_amax<T, D>(v), red);
-    const float scale_inv = int8_scale_inv(amax);
-    if (threadIdx.x == 0) *descale = int8_descale(amax);
+  if (which == 1) {  // K (a CTA-uniform branch)
+    float* descale = s.descale + (bh * s.nblocks + blk) * kKeyGroups;
+    if (valid <= 0) {  // past the sequence's end or its key count: no key, descales 0
+      if (threadIdx.x < kKeyGroups) descale[threadIdx.x] = 0.0f;
+      return;
+    }
+    uint4 v[TL::kPasses][2];
+    load_tile<D, true>(s.in, span, c.h, token0, v);
+    float m[16] = {};
+    if constexpr (kSmooth) load_means<D>(args.k_mean + bh * D, m);
+    float amax[2] = {0.0f, 0.0f};  // groups (t mod 8) / 2 (passes 0, 1) and that + 4 (passes 2, 3)
 #pragma unroll
-    for (int p = 0; p < TL::kPasses; ++p)
-      if (t + p * TL::kTokenStep < valid)
-        *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode_chunk_int8<T>(v[p], scale_inv);
+    for (int p = 0; p < TL::kPasses; ++p) {
+      if (t + p * TL::kTokenStep < valid) {
+        float a;
+        if constexpr (kSmooth) {
+          float f[16];
+          smoothed_chunk<T>(v[p], m, f);
+          a = amax16(f);
+        } else {
+          a = chunk_amax<T>(v[p]);
+        }
+        amax[p / 2] = fmaxf(amax[p / 2], a);
+      }
+    }
+    // Lanes [2 kC * (t / 2), 2 kC * (t / 2 + 1)) hold the tokens t and t ^ 1 of one pair.
+#pragma unroll
+    for (int o = 1; o < 2 * kC; o <<= 1) {
+      amax[0] = fmaxf(amax[0], __shfl_xor_sync(0xFFFFFFFFu, amax[0], o));
+      amax[1] = fmaxf(amax[1], __shfl_xor_sync(0xFFFFFFFFu, amax[1], o));
+    }
+    if ((threadIdx.x & (2 * kC - 1)) == 0) {
+      pair_max[0][t >> 1] = amax[0];
+      pair_max[1][t >> 1] = amax[1];
+    }
+    __syncthreads();
+    // Group g (< 4: passes 0-1, >= 4: passes 2-3) is token pairs P with P mod 4 = g mod 4.
+    auto group_max = [&](int g) {
+      const float* pm = pair_max[g >> 2];
+      const int q = g & 3;
+      return fmaxf(fmaxf(pm[q], pm[q + 4]), fmaxf(pm[q + 8], pm[q + 12]));
+    };
+    if (threadIdx.x < kKeyGroups) descale[threadIdx.x] = int8_descale(group_max(threadIdx.x));
+    const int g0 = (t & 7) >> 1;
+    const float scale_inv[2] = {int8_scale_inv(group_max(g0)), int8_scale_inv(group_max(g0 + 4))};
+#pragma unroll
+    for (int p = 0; p < TL::kPasses; ++p) {
+      if (t + p * TL::kTokenStep < valid) {
+        uint4 code;
+        if constexpr (kSmooth) {
+          float f[16];
+          smoothed_chunk<T>(v[p], m, f);
+          code = encode16_int8(f, scale_inv[p / 2]);
+        } else {
+          code = encode_chunk_int8<T>(v[p], scale_inv[p / 2]);
+        }
+        *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = code;
+      }
+    }
     return;
   }
-  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.in.seqlen + token0 + t;
+  // Q: one group per row.
+  uint4 v[TL::kPasses][2];
+  load_tile<D, true>(s.in, span, c.h, token0, v);
+  float* descale = s.descale + bh * s.in.seqlen;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
     float amax = chunk_amax<T>(v[p]);
 #pragma unroll
-    for (int o = 1; o < TL::kChunksPerToken; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    for (int o = 1; o < kC; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const int r = token0 + t + p * TL::kTokenStep;  // row of the sequence
     if (t + p * TL::kTokenStep < valid) {
-      if (sub == 0) descale[p * TL::kTokenStep] = int8_descale(amax);
+      if (sub == 0 && r < s.in.seqlen) descale[r] = int8_descale(amax);
       *reinterpret_cast<uint4*>(out + p * TL::kTokenStep * row) = encode_chunk_int8<T>(v[p], int8_scale_inv(amax));
+    } else if (sub == 0 && r < s.in.seqlen) {
+      descale[r] = 0.0f;  // past a shorter packed sequence's end
     }
   }
 }

@@ -1,4 +1,5 @@
-// Host side of preparation: argument checks and the three launches (kernels.cuh). Stream-ordered,
+// Host side of preparation: argument checks and the launches (kernels.cuh; with K smoothing first the two
+// of smoothing.cuh). Stream-ordered,
 // no allocation, no host synchronization, so prepare_fp8 can be captured in a CUDA graph.
 #include <cstdint>
 #include <string>
@@ -6,6 +7,7 @@
 #include "common/cuda_check.h"
 #include "openvc/attention.h"
 #include "prepare/kernels.cuh"
+#include "prepare/smoothing.cuh"
 
 namespace openvc {
 namespace {
@@ -19,6 +21,28 @@ constexpr bool packed_order_matches() {
 }
 static_assert(packed_order_matches(), "packed_key() must reproduce kPackedKeyOrder");
 static_assert(kBlockTokens == kQuantBlock, "one CTA tile is one quantization block");
+static_assert(prepare::kKeyGroups == kInt8KeyGroups, "INT8 K descales per block");
+
+// Workspace parts, each starting 16-byte aligned: the V amax slots [G, H] (uint32), and with K smoothing
+// the double block sums [G, H, nk, 128] and the float means [G, H, 128] (sized for head dim 128; head dim
+// 64 uses the first half of each part with its own strides).
+struct WorkspaceLayout {
+  size_t block_sums = 0, means = 0, total = 0;  // byte offsets of the parts, and the size
+};
+WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k_smoothing) {
+  auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  WorkspaceLayout l;
+  if (groups <= 0 || heads <= 0) return l;
+  const size_t gh = static_cast<size_t>(groups) * static_cast<size_t>(heads);
+  l.block_sums = up16(gh * sizeof(uint32_t));
+  l.means = l.total = l.block_sums;
+  if (k_smoothing) {
+    const size_t nk = max_seqlen_k > 0 ? static_cast<size_t>(num_quant_blocks(max_seqlen_k)) : 0;
+    l.means = l.block_sums + up16(gh * nk * kHeadDim * sizeof(double));
+    l.total = l.means + up16(gh * kHeadDim * sizeof(float));
+  }
+  return l;
+}
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -97,9 +121,6 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(validate_mode(p));
   if (p.qk_format != QkFormat::kE4M3 && p.qk_format != QkFormat::kInt8)
     return Status::Invalid("prepare_fp8: params.qk_format must be kE4M3 or kInt8");
-  if (p.qk_format == QkFormat::kInt8 && (p.cu_seqlens_q != nullptr || p.seqused_k != nullptr || p.head_dim != 128))
-    return Status::Unsupported("prepare_fp8: params.qk_format kInt8 takes batched head_dim 128 inputs without "
-                               "seqused_k so far (the attention kernel's INT8 mode is dense only)");
   const Dims d = dims_of(p);
   OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
   if (p.head_dim != 128 && p.head_dim != 64)
@@ -116,12 +137,15 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
   if (p.seqused_k != nullptr && !aligned(p.seqused_k, alignof(int)))
     return Status::Invalid("prepare_fp8: params.seqused_k must be 4-byte aligned (int32)");
-  const size_t need = prepare_workspace_bytes(d.nseq, p.heads);
+  if (p.k_smoothing && !aligned(p.workspace, 16))
+    return Status::Invalid("prepare_fp8: params.workspace must be 16-byte aligned with k_smoothing");
+  const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
-                           (d.packed ? "prepare_workspace_bytes(num_seqs, heads) = "
-                                     : "prepare_workspace_bytes(batch, heads) = ") +
-                           std::to_string(need) + " needed");
+                           (d.packed ? "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = ("
+                                     : "prepare_workspace_bytes(batch, heads, seqlen_k, k_smoothing) = (") +
+                           std::to_string(d.nseq) + ", " + std::to_string(p.heads) + ", " + std::to_string(d.sk) +
+                           ", " + (p.k_smoothing ? "true" : "false") + ") = " + std::to_string(need) + " needed");
   // Flat 1-D grids: sequences * heads * blocks CTAs must fit gridDim.x.
   const int64_t blocks = num_quant_blocks(d.sq) + num_quant_blocks(d.sk);
   if (static_cast<int64_t>(d.nseq) * p.heads * blocks > INT32_MAX)
@@ -138,12 +162,36 @@ prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* c
   return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total, seqused};
 }
 
+template <typename T, int D, bool kSmooth>
+void launch_qk(const PrepareParams& p, const prepare::QkArgs& qk, int64_t ctas, cudaStream_t stream) {
+  constexpr int kThreads = prepare::Tile<D>::kThreads;
+  if (p.qk_format == QkFormat::kInt8) {
+    prepare::quantize_qk_int8_kernel<T, D, kSmooth><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
+  } else {
+    prepare::quantize_qk_kernel<T, D, kSmooth><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
+  }
+}
+
 template <typename T, int D>
 Status launch(const PrepareParams& p, cudaStream_t stream) {
   constexpr int kThreads = prepare::Tile<D>::kThreads;
   auto* v_amax = static_cast<uint32_t*>(p.workspace);
   const Dims d = dims_of(p);
   const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
+  const WorkspaceLayout ws = workspace_layout(d.nseq, p.heads, d.sk, p.k_smoothing);
+  float* k_mean = nullptr;
+  if (p.k_smoothing) {  // K channel means (smoothing.cuh) before the Q/K quantization reads them
+    prepare::SmoothArgs sa{};
+    sa.in = token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
+    sa.heads = p.heads;
+    sa.nblocks = static_cast<int>(num_quant_blocks(d.sk));
+    sa.block_sums = reinterpret_cast<double*>(static_cast<char*>(p.workspace) + ws.block_sums);
+    sa.mean = k_mean = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.means);
+    prepare::k_block_sums_kernel<T, D><<<static_cast<unsigned>(bh * sa.nblocks), D, 0, stream>>>(sa);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("k_block_sums_kernel launch");
+    prepare::k_mean_kernel<D><<<static_cast<unsigned>(bh), D, 0, stream>>>(sa);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("k_mean_kernel launch");
+  }
 
   prepare::QkArgs qk{};
   qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
@@ -152,14 +200,15 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
                 p.k_descale};
   qk.heads = p.heads;
   qk.v_amax = v_amax;
+  qk.k_mean = k_mean;
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
-  if (p.qk_format == QkFormat::kInt8) {
-    prepare::quantize_qk_int8_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
-    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_int8_kernel launch");
+  if (p.k_smoothing) {
+    launch_qk<T, D, true>(p, qk, qk_ctas, stream);
   } else {
-    prepare::quantize_qk_kernel<T, D><<<static_cast<unsigned>(qk_ctas), kThreads, 0, stream>>>(qk);
-    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("quantize_qk_kernel launch");
+    launch_qk<T, D, false>(p, qk, qk_ctas, stream);
   }
+  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR(p.qk_format == QkFormat::kInt8 ? "quantize_qk_int8_kernel launch"
+                                                                    : "quantize_qk_kernel launch");
 
   prepare::VArgs va{};
   va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
@@ -179,10 +228,8 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t prepare_workspace_bytes(int batch, int heads) {
-  if (batch <= 0 || heads <= 0) return 0;
-  const size_t bytes = static_cast<size_t>(batch) * static_cast<size_t>(heads) * sizeof(uint32_t);
-  return (bytes + 15) / 16 * 16;
+size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing) {
+  return workspace_layout(groups, heads, max_seqlen_k, k_smoothing).total;
 }
 
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream) {

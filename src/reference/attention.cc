@@ -52,7 +52,8 @@ Status check_prepared(const PreparedInputs& in) {
   const size_t tq = in.q_seqs.total_tokens(), tk = in.k_seqs.total_tokens();
   if (in.qk_format == QkFormat::kInt8) {
     OPENVC_RETURN_IF_ERROR(check_int8("in.q8", in.q8, 1, in.q_seqs.max_length(), tq * H * D, nseq * H));
-    OPENVC_RETURN_IF_ERROR(check_int8("in.k8", in.k8, kQuantBlock, in.k_seqs.max_blocks(), tk * H * D, nseq * H));
+    OPENVC_RETURN_IF_ERROR(
+        check_int8("in.k8", in.k8, kQuantBlock, in.k_seqs.max_blocks() * kInt8KeyGroups, tk * H * D, nseq * H));
   } else if (in.qk_format == QkFormat::kE4M3) {
     if (in.q.max_blocks != in.q_seqs.max_blocks()) {
       return Status::Invalid("in.q.max_blocks: expected " + std::to_string(in.q_seqs.max_blocks()) +
@@ -128,12 +129,15 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const int64_t stride = static_cast<int64_t>(H) * D;
   const int bt = opt.key_tile;
   const size_t g = static_cast<size_t>(s) * H + h;
-  // The one difference between the formats: the operands (E4M3 decoded, or INT8 integers) and the Q
-  // scale group (a 128-row block, or the row itself). Q descale of row i: dq[i / q_group].
+  // The one difference between the formats: the operands (E4M3 decoded, or INT8 integers) and the
+  // scale groups: Q per 128-row block or per row (Q descale of row i: dq[i / q_group]); K per 128-key
+  // block, or per (block, key group) (K descale of key j: dk[k_index(j)]).
   const bool int8 = in.qk_format == QkFormat::kInt8;
   const int q_group = int8 ? 1 : kQuantBlock;
   const float* dq = int8 ? &in.q8.descale[g * in.q8.groups] : &in.q.descale[g * in.q.max_blocks];
   const float* dk = int8 ? &in.k8.descale[g * in.k8.groups] : &in.k.descale[g * in.k.max_blocks];
+  auto k_index = [int8](int64_t j) { return int8 ? int8_key_descale_index(j) : j / kQuantBlock; };
+  const int key_groups = int8 ? kInt8KeyGroups : 1;  // K descales (multipliers) per key block
   const double dv = in.v.descale[g];
   const int max_q = in.q_seqs.max_length();
   float* lse = res->lse.data() + g * max_q;
@@ -185,11 +189,15 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         const int64_t jv = opt.causal ? std::min<int64_t>(j1, i + (sk - sq) + 1) : j1;
         if (jv <= j0) return;  // whole block masked for this row: no max update, all codes 0
         RowState& st = rows[r];
-        const float a = expcast_multiplier(tau, dq[i / q_group], dk[b]);
+        // One multiplier per K descale of the block (section 9's key groups for INT8): a_blk[key group].
+        float a_blk[kInt8KeyGroups];
+        for (int kg = 0; kg < key_groups; ++kg)
+          a_blk[kg] = expcast_multiplier(tau, dq[i / q_group], dk[static_cast<int64_t>(b) * key_groups + kg]);
+        auto a_of = [&](int64_t j) { return a_blk[int8 ? int8_key_group(j) : 0]; };
         float tile_max = kNegInf;
         for (int64_t j = j0; j < jv; ++j) {
           acc[j - j0] = static_cast<float>(sums[j - j0]);  // the ideal accumulator: one rounding
-          tile_max = std::max(tile_max, acc[j - j0] * a);  // FP32 product, as in the kernel
+          tile_max = std::max(tile_max, acc[j - j0] * a_of(j));  // FP32 product, as in the kernel
         }
         // Zero deadband: the max is raised before this tile's codes are formed.
         if (tile_max > st.m) {
@@ -204,7 +212,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         pv_p.clear();
         pv_v.clear();
         for (int64_t j = j0; j < jv; ++j) {
-          const float p = decode_table[expcast_code(acc[j - j0], a, st.m)];
+          const float p = decode_table[expcast_code(acc[j - j0], a_of(j), st.m)];
           if (p == 0.0f) continue;
           st.l += p;  // the same decoded value that weights V below
           pv_p.push_back(p);
@@ -234,7 +242,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         const int64_t i = r0 + r;
         if (internal::key_masked(i, t, sq, sk, opt.causal)) continue;
         RowState& st = rows[r];
-        const float a = expcast_multiplier(tau, dq[i / q_group], dk[t / kQuantBlock]);
+        const float a = expcast_multiplier(tau, dq[i / q_group], dk[k_index(t)]);
         const float p = decode_table[expcast_code(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
         if (p == 0.0f) continue;
         const double* rt = &R[static_cast<size_t>(k) * D];
@@ -273,9 +281,6 @@ Status prepare_inputs(const float* q, const float* k, const float* v, const Sequ
     return Status::Invalid("opt.qk_format: expected QkFormat::kE4M3 or QkFormat::kInt8, got " +
                            std::to_string(static_cast<int>(opt.qk_format)));
   }
-  if (opt.k_smoothing && opt.qk_format != QkFormat::kInt8) {
-    return Status::Invalid("opt.k_smoothing: only defined for QkFormat::kInt8 (numerics section 9)");
-  }
   if (out == nullptr) return Status::Invalid("out must not be null");
   if (q == nullptr && q_seqs.total_tokens() > 0) return Status::Invalid("q must not be null");
   if (k == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("k must not be null");
@@ -291,7 +296,7 @@ Status prepare_inputs(const float* q, const float* k, const float* v, const Sequ
     OPENVC_RETURN_IF_ERROR(quantize_int8_blocks(k, k_seqs, opt.k_smoothing, &out->k8));
   } else {
     OPENVC_RETURN_IF_ERROR(quantize_blocks(q, q_seqs, &out->q));
-    OPENVC_RETURN_IF_ERROR(quantize_blocks(k, k_seqs, &out->k));
+    OPENVC_RETURN_IF_ERROR(quantize_key_blocks(k, k_seqs, opt.k_smoothing, &out->k));
   }
   OPENVC_RETURN_IF_ERROR(quantize_heads(v, k_seqs, &out->v));
   return Status::Ok();

@@ -1,5 +1,6 @@
 // Helpers shared by the CPU reference translation units (not part of the public API).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -54,6 +55,19 @@ void parallel_for(int n, const std::function<void(int)>& f);
 
 // The quantizers' common argument rules: valid sequences, an output, and input for every token.
 Status check_quantize_args(const float* x, const Sequences& seqs, const void* out);
+
+// Valid keys of sequence s: key_counts[s] clamped to [0, length], or the length without counts.
+inline int64_t key_count(const Sequences& seqs, int s, const int* key_counts) {
+  const int64_t len = seqs.length(s);
+  return key_counts ? std::min<int64_t>(std::max<int64_t>(key_counts[s], 0), len) : len;
+}
+
+// Element c of token t (absolute), head h of a [total, H, D] tensor, minus the channel mean when
+// smoothing (mean non-null): k' = fl(k - mean_c), one FP32 subtraction.
+inline float smoothed(const float* x, const float* mean, int64_t t, int h, int64_t H, int64_t D, int c) {
+  const float v = x[(t * H + h) * D + c];
+  return mean ? v - mean[c] : v;
+}
 
 // Validates both sequence descriptions and that they agree on count, heads and head_dim.
 Status check_sequence_pair(const Sequences& q_seqs, const Sequences& k_seqs);

@@ -76,6 +76,69 @@ Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out)
   return Status::Ok();
 }
 
+Status k_smoothing_means(const float* x, const Sequences& seqs, const int* key_counts, std::vector<float>* mean) {
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, mean));
+  const int H = seqs.num_heads, D = seqs.head_dim, nseq = seqs.count();
+  mean->assign(static_cast<size_t>(nseq) * H * D, 0.0f);
+  std::vector<double> total(D);
+  for (int s = 0; s < nseq; ++s) {
+    const int64_t start = seqs.cu_seqlens[s];
+    const int64_t count = internal::key_count(seqs, s, key_counts);
+    if (count == 0) continue;  // mean 0
+    for (int h = 0; h < H; ++h) {
+      std::fill(total.begin(), total.end(), 0.0);
+      for (int64_t t0 = 0; t0 < count; t0 += kQuantBlock) {  // blocks in order
+        const int64_t t1 = std::min<int64_t>(t0 + kQuantBlock, count);
+        for (int c = 0; c < D; ++c) {
+          double block = 0.0;  // the block's valid keys in token order
+          for (int64_t t = t0; t < t1; ++t) block += static_cast<double>(x[((start + t) * H + h) * D + c]);
+          total[c] += block;
+        }
+      }
+      float* m = &(*mean)[(static_cast<size_t>(s) * H + h) * D];
+      for (int c = 0; c < D; ++c) m[c] = static_cast<float>(total[c]) / static_cast<float>(count);
+    }
+  }
+  return Status::Ok();
+}
+
+Status quantize_key_blocks(const float* x, const Sequences& seqs, bool smoothing, BlockQuantized* out,
+                           const int* key_counts) {
+  OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
+  const int H = seqs.num_heads, D = seqs.head_dim, nseq = seqs.count();
+  out->max_blocks = seqs.max_blocks();
+  out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * D, 0);  // padding keys stay 0
+  out->descale.assign(static_cast<size_t>(nseq) * H * out->max_blocks, 0.0f);
+  out->mean.clear();
+  if (smoothing) OPENVC_RETURN_IF_ERROR(k_smoothing_means(x, seqs, key_counts, &out->mean));
+  for (int s = 0; s < nseq; ++s) {
+    const int64_t start = seqs.cu_seqlens[s];
+    const int64_t count = internal::key_count(seqs, s, key_counts);
+    for (int h = 0; h < H; ++h) {
+      const size_t g = static_cast<size_t>(s) * H + h;
+      const float* mean = smoothing ? &out->mean[g * D] : nullptr;
+      for (int64_t t0 = 0; t0 < count; t0 += kQuantBlock) {
+        const int64_t t1 = std::min<int64_t>(t0 + kQuantBlock, count);
+        float amax = 0.0f;
+        for (int64_t t = t0; t < t1; ++t)
+          for (int c = 0; c < D; ++c) {
+            const float a = std::fabs(internal::smoothed(x, mean, start + t, h, H, D, c));
+            if (a > amax) amax = a;
+          }
+        float scale_inv = amax > 0.0f ? kE4M3Max / amax : 0.0f;
+        float descale = amax / kE4M3Max;
+        if (!std::isfinite(scale_inv)) scale_inv = descale = 0.0f;  // tiny group, as quantize_group
+        out->descale[g * out->max_blocks + t0 / kQuantBlock] = descale;
+        for (int64_t t = t0; t < t1; ++t)
+          for (int c = 0; c < D; ++c)
+            out->codes[((start + t) * H + h) * D + c] =
+                e4m3_encode(internal::smoothed(x, mean, start + t, h, H, D, c) * scale_inv);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 namespace internal {
 
 Status check_quantize_args(const float* x, const Sequences& seqs, const void* out) {

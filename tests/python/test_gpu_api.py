@@ -80,7 +80,7 @@ def test_extension_maps_cpp_status_to_value_error():
         attn.no_such_field = 1   # a misspelt field name is an error, not a silent new attribute
     assert ext.DEFAULT_MID_WINDOW_BLOCKS == attn.mid_window_blocks == ext.GeneralAttentionParams().mid_window_blocks
     assert tuple(ext.PACKED_KEY_ORDER) == tuple(PACKED_KEY_ORDER)
-    assert ext.prepare_workspace_bytes(2, 3) % 16 == 0 and ext.prepare_workspace_bytes(2, 3) >= 24
+    assert ext.prepare_workspace_bytes(2, 3, 256, False) % 16 == 0 and ext.prepare_workspace_bytes(2, 3, 256, False) >= 24
 
 
 # ---- argument validation without a GPU (CPU / meta tensors) --------------------------------------------

@@ -69,7 +69,7 @@ def test_extension_prepare_varlen_checks_arguments():
     p.dtype = ext.DType.float16
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
         ext.prepare_fp8(p, 0)
-    assert ext.prepare_workspace_bytes(3, 2) >= 24   # (num_seqs, heads) for packed sequences
+    assert ext.prepare_workspace_bytes(3, 2, 1000, False) >= 24   # (num_seqs, heads, max_seqlen_k, k_smoothing) packed
 
 
 # ---- prepare_fp8 with cu_seqlens: argument checks (CPU / meta tensors) --------------------------------

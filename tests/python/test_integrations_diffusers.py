@@ -67,7 +67,7 @@ def reference_fast_path(ovd, monkeypatch, no_device_check):
     torch = sys.modules["torch"]
     calls = []
 
-    def fast(q, k, v, scale, return_lse=False):
+    def fast(q, k, v, scale, return_lse=False, qk_format="e4m3", k_smoothing=False):
         calls.append(tuple(q.shape))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
                             return_lse=return_lse)
@@ -203,6 +203,31 @@ def test_return_lse_calls(torch, ovd, policy, reference_fast_path):
     assert torch.allclose(lse_f.double(), torch.logsumexp(s, -1).transpose(1, 2), atol=1e-4)
     exact = (torch.softmax(s, -1) @ vd).transpose(1, 2)
     assert float((out_f.double() - exact).norm() / exact.norm()) < 1e-2
+
+
+def test_policy_format_reaches_every_openvc_call(torch, ovd, policy, monkeypatch, no_device_check):
+    """DispatchPolicy(qk_format, k_smoothing) is passed to each openvc call (plain, masked, causal) and
+    stats() show it."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    seen = []
+
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, **fmt):
+        seen.append(fmt)
+        return q.clone()
+
+    monkeypatch.setattr(ovd, "_fast_attention", fast)
+    q, k, v = qkv(torch, sq=1024)
+    pol = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format="int8", k_smoothing=True)
+    ovd.reset_stats()
+    with ovd.openvc_attention(policy=pol):
+        dispatch_attention_fn(q, k, v)
+        dispatch_attention_fn(q, k, v, is_causal=True)
+        dispatch_attention_fn(q, k, v, attn_mask=torch.ones(1, 1024, dtype=torch.bool))
+    assert seen == [{"qk_format": "int8", "k_smoothing": True}] * 3
+    assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing"): 3}
+    with ovd.openvc_attention(policy=small_policy(policy, 1024)):
+        dispatch_attention_fn(q, k, v)
+    assert seen[-1] == {"qk_format": "e4m3", "k_smoothing": False}
 
 
 def test_argument_errors(torch, ovd):
@@ -402,7 +427,7 @@ def cpu_fast(torch, ovd, monkeypatch):
     and causal flag it was given."""
     given = []
 
-    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False):
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False):
         given.append((None if attn_mask is None else tuple(attn_mask.shape), causal))
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),

@@ -66,7 +66,7 @@ def _worker(rank, world, ulysses, ring, route, order, port, out_path):
     from open_vc_attn.integrations import _exact, policy
     from open_vc_attn.integrations import diffusers as ovd
     policy._device_reason = lambda device: None
-    ovd._fast_attention = lambda q, k, v, scale, return_lse=False: (
+    ovd._fast_attention = lambda q, k, v, scale, return_lse=False, **fmt: (
         _exact.attention_with_lse(q, k, v, scale=scale) if return_lse else
         _exact.attention_with_lse(q, k, v, scale=scale)[0])
     thresholds = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64) if route == "openvc" else \

@@ -215,3 +215,45 @@ def test_packed_calls_fall_back_with_the_reason():
         assert path == policy.FALLBACK and why.startswith(prefix), (prefix, why)
     # separate offsets without causal are fine (cross-attention between packed sequences)
     assert policy.choose_varlen_path(q, k, v, cu, other, 2048, 2048, policy=KILO) == (policy.OPENVC, "")
+
+
+# ---- the Q/K format of openvc's calls (qk_format, k_smoothing) ------------------------------------------------
+
+def test_policy_format_fields_are_validated():
+    assert (DEFAULT.qk_format, DEFAULT.k_smoothing) == ("e4m3", False)
+    for bad in ("INT8", "fp8", "", None, 8):
+        with pytest.raises(ValueError, match="^qk_format: expected one of"):
+            policy.DispatchPolicy(qk_format=bad)
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="^k_smoothing: expected a bool"):
+            policy.DispatchPolicy(k_smoothing=bad)
+    int8 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True)
+    assert int8.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True}
+    assert DEFAULT.openvc_kwargs() == {"qk_format": "e4m3", "k_smoothing": False}
+
+
+def test_openvc_reason_names_the_format():
+    """The reason of an openvc call is the format ("" for the default): what the integrations' stats show."""
+    labels = {("e4m3", False): "", ("int8", False): "qk_format=int8", ("int8", True): "qk_format=int8, k_smoothing",
+              ("e4m3", True): "qk_format=e4m3, k_smoothing"}
+    q, k, v, cu = packed()
+    for (fmt, smooth), label in labels.items():
+        pol = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format=fmt, k_smoothing=smooth)
+        assert pol.format_label == label
+        assert policy.choose_path(*qkv(), policy=pol) == (policy.OPENVC, label)
+        assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048, policy=pol) == (policy.OPENVC, label)
+        # a fallback keeps its own reason
+        assert policy.choose_path(*qkv(sq=100), policy=pol)[0] == policy.FALLBACK
+
+
+def test_int8_past_the_fast_path_range_falls_back():
+    """INT8 runs on the fast path only: calls past its 32-bit range go to the framework (E4M3 takes them on
+    openvc's general path). Packed calls are judged per sequence (max_seqlen), not on the packed total."""
+    int8 = policy.DispatchPolicy(qk_format="int8")
+    huge = 1 << 20   # ceil(S/128)^2 * 128 = 2^33
+    path, why = policy.choose_path(*qkv(sq=huge), policy=int8)
+    assert path == policy.FALLBACK and why.startswith("int8 past the fast path's size range")
+    assert policy.choose_path(*qkv(sq=huge)) == (policy.OPENVC, "")
+    q, k, v, cu = packed(total=4 * huge)
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 8192, 8192, policy=int8) == (policy.OPENVC, "qk_format=int8")
+    assert policy.choose_varlen_path(q, k, v, cu, cu, huge, huge, policy=int8)[0] == policy.FALLBACK

@@ -39,7 +39,7 @@ def exact_fast_path(ovy, monkeypatch):
     from open_vc_attn.integrations import _exact, policy
     calls = []
 
-    def fast(q, k, v, scale):
+    def fast(q, k, v, scale, qk_format="e4m3", k_smoothing=False):
         calls.append(tuple(q.shape))
         out, lse = _exact.attention_with_lse(q, k, v, scale=scale)
         return out.to(q.dtype), lse
@@ -103,6 +103,26 @@ def test_processor_routes_and_lse(torch, ovy, exact_fast_path):
     causal = "causal with Sq != Sk (the framework's causal mask is top-left aligned)"
     assert ovy.stats() == {("openvc", ""): 1, ("fallback", causal): 1, ("fallback", "few keys (64 < 128)"): 1,
                            ("fallback", "window_size"): 1}
+
+
+def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
+    from open_vc_attn.integrations import policy
+    seen = []
+
+    def fast(q, k, v, scale, **fmt):
+        seen.append(fmt)
+        return q.clone(), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    monkeypatch.setattr(policy, "_device_reason", lambda device: None)
+    monkeypatch.setattr(ovy, "_fast_attention", fast)
+    q = rand(torch, 1, 256, 2, 128)
+    ovy.reset_stats()
+    pol = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8")
+    ovy.OpenVCAttnProcessor(policy=pol)(q, q, q, softmax_scale=0.1)
+    small = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, k_smoothing=True)
+    ovy.OpenVCAttnProcessor(policy=small)(q, q, q, softmax_scale=0.1)
+    assert seen == [{"qk_format": "int8", "k_smoothing": False}, {"qk_format": "e4m3", "k_smoothing": True}]
+    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=e4m3, k_smoothing"): 1}
 
 
 def test_processor_fallback_callable_and_errors(torch, ovy):
@@ -220,7 +240,7 @@ def _worker(rank, world, ulysses, ring, route, port, out_path):
     from open_vc_attn.integrations import _exact, policy
     from open_vc_attn.integrations import yunchang as ovy
     policy._device_reason = lambda device: None           # CPU tensors through the device check
-    ovy._fast_attention = lambda q, k, v, scale: _exact.attention_with_lse(q, k, v, scale=scale)
+    ovy._fast_attention = lambda q, k, v, scale, **fmt: _exact.attention_with_lse(q, k, v, scale=scale)
     set_seq_parallel_pg(ulysses, ring, rank, world)
     small = policy.DispatchPolicy(min_query_tokens=1, min_key_tokens=1)
     never = policy.DispatchPolicy(min_query_tokens=100000, min_key_tokens=1)

@@ -8,10 +8,11 @@ oneshot = pytest.importorskip("open_vc_attn.ops.oneshot")
 from open_vc_attn._layout import fp8_expectations  # noqa: E402
 
 
+@pytest.mark.parametrize("fmt", [("e4m3", False), ("int8", False), ("int8", True), ("e4m3", True)])
 @pytest.mark.parametrize("b, sq, sk, h, d", [(1, 256, 256, 12, 128), (2, 1000, 77, 3, 64), (1, 1, 1, 1, 128)])
-def test_layout_slices_are_aligned_and_disjoint(b, sq, sk, h, d):
-    shapes, offsets, ws_bytes, total = oneshot._layout(b, sq, sk, h, d)
-    exp = fp8_expectations(b, sq, sk, h, d)
+def test_layout_slices_are_aligned_and_disjoint(b, sq, sk, h, d, fmt):
+    shapes, offsets, ws_bytes, total = oneshot._layout(b, sq, sk, h, d, *fmt)
+    exp = fp8_expectations(b, sq, sk, h, d, fmt[0])   # INT8: q_descale [B, H, Sq], k_descale [B, H, nk, 8]
     assert shapes == tuple(shape for _, shape, _ in exp)
     ends = []
     for (_, shape, dtype), off in zip(exp, offsets):

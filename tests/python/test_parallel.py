@@ -136,6 +136,35 @@ def test_error_other_arguments(torch, par, monkeypatch):
         par.ulysses_attention(q, k, v)
 
 
+def test_error_format_arguments(torch, par, monkeypatch):
+    """qk_format / k_smoothing are checked before any collective; K smoothing needs the whole sequence's
+    channel means, which the FP8 all-to-all does not have: rejected by name."""
+    monkeypatch.setattr(par, "_group_info", lambda group: (1, 0))
+    q, k, v = cpu_qkv(torch, (1, 256, 4, 128))
+    with pytest.raises(ValueError, match="^qk_format: expected one of"):
+        par.ulysses_attention(q, k, v, qk_format="fp8")
+    with pytest.raises(TypeError, match="^k_smoothing: expected a bool"):
+        par.ulysses_attention(q, k, v, k_smoothing=1)
+    with pytest.raises(ValueError, match=r"^k_smoothing: not taken with fp8_all_to_all=True"):
+        par.ulysses_attention(q, k, v, fp8_all_to_all=True, k_smoothing=True)
+    for kw in (dict(qk_format="int8", k_smoothing=True), dict(qk_format="int8", fp8_all_to_all=True)):
+        with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # everything else is valid
+            par.ulysses_attention(q, k, v, **kw)
+
+
+def test_int8_k_descale_all_to_all(torch, par, monkeypatch):
+    """INT8 K descales [B, H, S/N/128, 8] reach the rank that holds their heads, blocks in global order."""
+    n, b, h, nl = 2, 2, 4, 3
+    world = FakeWorld(torch, n)
+    monkeypatch.setattr(par, "_all_to_all", world.all_to_all)
+    desc = torch.rand(b, h, n * nl, 8, generator=torch.Generator().manual_seed(5))
+    hl = h // n
+    out = world.run(lambda r: par._k_descale_to_heads(desc[:, :, r * nl:(r + 1) * nl].contiguous(), n, None))
+    for r, dh in enumerate(out):
+        assert dh.shape == (b, hl, n * nl, 8) and dh.is_contiguous()
+        assert torch.equal(dh, desc[:, r * hl:(r + 1) * hl])
+
+
 def test_error_not_initialized(torch, par):
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -315,6 +344,17 @@ def test_ulysses_world1_options_fp16_rank3(torch, par, group, fp8):
     assert bytes_equal(torch, out, want) and bytes_equal(torch, lse, want_lse)
     out3, lse3 = par.ulysses_attention(q[0], k[0], v[0], group=group, fp8_all_to_all=fp8, **opts)
     assert bytes_equal(torch, out3, want[0]) and bytes_equal(torch, lse3, want_lse[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8, smooth", [(False, False), (False, True), (True, False)])
+def test_ulysses_world1_int8_equals_attention(torch, par, group, fp8, smooth):
+    """qk_format="int8" (and K smoothing on the BF16 all-to-all) gives the single-GPU call's bytes."""
+    q, k, v = torch_qkv(torch, 2, 1024, 4, seed=5)
+    fmt = dict(qk_format="int8", k_smoothing=smooth)
+    want, want_lse = open_vc_attn.attention(q, k, v, return_lse=True, **fmt)
+    out, lse = par.ulysses_attention(q, k, v, group=group, fp8_all_to_all=fp8, return_lse=True, **fmt)
+    assert bytes_equal(torch, out, want) and bytes_equal(torch, lse, want_lse)
 
 
 @pytest.mark.gpu

@@ -30,7 +30,12 @@ BACKENDS = {
     "fa3-fp8": ("anchor", "FlashAttention-3 FP8 e4m3", ("attention", "complete")),
     "fa4-bf16": ("anchor", "FlashAttention-4 (cute) BF16", ("attention",)),
     "cudnn-fp8": ("anchor", "cuDNN FP8 SDPA (frontend)", ("attention", "complete")),
+    # Quantization (INT8 Q/K per thread, K smoothing, FP8 PV) is inside its call: complete scope only.
+    "sage2": ("anchor", "SageAttention2 (INT8 QK + smooth K, FP8 PV)", ("complete",)),
 }
+# Backends timed eagerly (CUDA events around back-to-back calls), never from a CUDA graph: SageAttention2's
+# launches do not replay from a graph captured on a side stream (its graph timings come out impossibly fast).
+EAGER_ONLY = ("sage2",)
 # The BF16 output every other output is also compared against: the first of these that ran.
 BF16_REFERENCES = ("sdpa-cudnn", "sdpa-flash", "fa3-bf16")
 E4M3_MAX = 448.0
@@ -46,6 +51,7 @@ class Built:
     to_bshd: Callable = lambda out: out
     note: Optional[str] = None
     params: dict = dataclasses.field(default_factory=dict)
+    eager: bool = False   # time with CUDA events around eager calls, never in a CUDA graph
 
 
 def _first_out(out):
@@ -87,7 +93,7 @@ def _openvc(*names):
     return found
 
 
-def _openvc_runtime():
+def openvc_runtime():
     """Missing unless openvc's kernels can run here: the compiled extension, torch with CUDA and an sm_90
     GPU (the reason comes from the smoke check's probe, so both say the same)."""
     from ..cli import info
@@ -100,7 +106,7 @@ def available(name: str) -> tuple:
     """(status, reason) without running anything: ("ok", None) or ("missing", why)."""
     try:
         if name in ("open-vc", "open-vc-repair", "vc"):
-            _openvc_runtime()
+            openvc_runtime()
         if name == "open-vc":
             _openvc("prepare_fp8", "attention_fp8", "attention")
         elif name == "open-vc-repair":
@@ -123,6 +129,8 @@ def available(name: str) -> tuple:
             _fa4()
         elif name == "cudnn-fp8":
             _import_first(["cudnn"], "pygraph")
+        elif name == "sage2":
+            sage2_function()
         else:
             raise Missing(f"unknown backend {name!r}")
     except Missing as exc:
@@ -208,6 +216,11 @@ def _fa3():
                          "flash_attn_func")
 
 
+def fa3_module():
+    """The FlashAttention-3 interface module (flash_attn_interface on PYTHONPATH), or Missing."""
+    return _fa3()[0]
+
+
 def _fa4():
     return _import_first(["flash_attn.cute.interface", "flash_attn.cute", "flash_attn_4"], "flash_attn_func")
 
@@ -246,6 +259,24 @@ def build_fa4(inp, scope):
     mod, _ = _fa4()
     q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
     return Built(lambda: mod.flash_attn_func(q, k, v, softmax_scale=scale, causal=False), _first_out)
+
+
+def sage2_function():
+    """sageattention.sageattn (thu-ml/SageAttention, built as shared/tools/sage2-anchor.md says)."""
+    mod, _ = _import_first(["sageattention"], "sageattn")
+    return mod.sageattn
+
+
+def build_sage2(inp, scope, causal=False):
+    """SageAttention2: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal) on the BF16 [B, S, H, D]
+    inputs; on sm90 it runs sageattn_qk_int8_pv_fp8_cuda_sm90. Timed eagerly (Built.eager)."""
+    sageattn = sage2_function()
+    q, k, v, scale = inp.q, inp.k, inp.v, inp.softmax_scale
+    kwargs = {} if scale is None else {"sm_scale": scale}
+    params = {"call": f"sageattn(q, k, v, tensor_layout='NHD', is_causal={bool(causal)})",
+              "timing": "eager (its launches do not replay from a CUDA graph)"}
+    return Built(lambda: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal, **kwargs), _first_out,
+                 params=params, eager=True)
 
 
 def _quantize_tensor(x):
@@ -329,6 +360,8 @@ def build(name, inp, scope, *, repair_budget=None,
         return build_fa4(inp, scope)
     if name == "cudnn-fp8":
         return build_cudnn_fp8(inp, scope)
+    if name == "sage2":
+        return build_sage2(inp, scope)
     raise Missing(f"unknown backend {name!r}")
 
 

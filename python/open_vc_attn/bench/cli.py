@@ -259,7 +259,8 @@ def run_case(torch, device, spec_name, q, k, v, source, args, status, case_index
             acc["vs_sdpa_bf16"] = harness.error_metrics_torch(o, bf16_ref) if bf16_ref is not None else None
             res["accuracy"] = acc
             del o
-            timers[rid] = harness.Timer(built.fn, target_ms=args.target_ms, max_calls=args.max_calls, cold=cold)
+            timers[rid] = harness.Timer(built.fn, target_ms=args.target_ms, max_calls=args.max_calls, cold=cold,
+                                        use_graph=not built.eager)
             log(f"  {rid:<28} ready: {timers[rid].describe()['method']}, "
                 f"{timers[rid].calls} call(s)/replay, ~{timers[rid].call_ms_estimate:.3f} ms/call")
         except bk.Missing as exc:

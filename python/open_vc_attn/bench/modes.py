@@ -8,18 +8,63 @@ on PYTHONPATH, built as shared/tools/fa3-anchor.md says; FP8 on inputs pre-cast 
 cuDNN BF16 through torch SDPA. Every entry of a case is timed as the product benchmark does (harness.Timer:
 CUDA graphs of R calls >= 20 ms), in rounds whose entry order is shuffled; ratios are paired per round.
 
+SageAttention2 (`sage2`, sageattention on PYTHONPATH, built as shared/tools/sage2-anchor.md says) runs next
+to FA3 in the dense, causal and head-dim-64 cases: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal),
+quantization inside the call, timed EAGERLY (CUDA events around back-to-back calls; its launches do not
+replay from a CUDA graph). Case `int8` (issue 25's acceptance shapes: dense S = 73,397 at H = 7 and 56,
+S = 32,760 H = 40, causal S = 32,768 H = 7, D = 64 S = 24,576 H = 32) times openvc with Q/K in E4M3, INT8
+and INT8 + K smoothing (complete calls, CUDA graph and eager, and the kernel on a prepared input), SA2,
+the FA3 FP8 kernel, FA3 BF16 and cuDNN BF16, and checks every output against cuDNN BF16 (rel L2) before
+timing. The record holds the per-round samples and paired ratios (median and per round) of every openvc
+entry against every peer.
+
     python -m open_vc_attn.bench.modes --cases dense,packed,padded,causal,d64 --rounds 5 --out modes.json
+    python -m open_vc_attn.bench.modes --cases int8 --rounds 7 --out modes-int8.json
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import time
 
 from . import harness
 
-CASES = ("dense", "packed", "padded", "causal", "d64")
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8")
+DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")   # int8 needs issue 25's API: asked for by name
+# Q/K formats of the int8 case: label -> keyword arguments of attention / prepare_fp8 (docs: SPEC of issue 25).
+QK_FORMATS = {"e4m3": {"qk_format": "e4m3"}, "int8": {"qk_format": "int8"},
+              "int8+smooth": {"qk_format": "int8", "k_smoothing": True}}
+PEERS = ("sage2", "fa3-fp8", "fa3-bf16", "cudnn-bf16")
+
+
+class Eager:
+    """An entry timed eagerly (CUDA events around R back-to-back calls), never captured in a CUDA graph."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _sage2():
+    from .backends import Missing, sage2_function
+    try:
+        return sage2_function()
+    except Missing:
+        return None
+
+
+def qk_format_support(ova) -> str:
+    """None when open_vc_attn.attention and prepare_fp8 take qk_format and k_smoothing, else why not."""
+    for name in ("attention", "prepare_fp8"):
+        try:
+            params = inspect.signature(getattr(ova, name)).parameters
+        except (TypeError, ValueError, AttributeError) as exc:
+            return f"open_vc_attn.{name}: signature not readable ({exc})"
+        missing = [p for p in ("qk_format", "k_smoothing") if p not in params]
+        if missing:
+            return f"open_vc_attn.{name} takes no {', '.join(missing)} (issue 25's API is not in this build)"
+    return None
 
 
 def _fa3():
@@ -57,15 +102,60 @@ def _fa3_entries(torch, q, k, v, causal):
                                                   v_descale=dv)}
 
 
+def _sage2_entries(q, k, v, causal):
+    sageattn = _sage2()
+    if sageattn is None:
+        return {}
+    return {"sage2": Eager(lambda: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal))}
+
+
+def _peer_entries(torch, q, k, v, causal):
+    entries = _fa3_entries(torch, q, k, v, causal)
+    entries.update(_sage2_entries(q, k, v, causal))
+    return entries
+
+
 def _dense_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     q, k, v = _qkv(torch, b, s, h, d, seed)
     prepared = ova.prepare_fp8(q, k, v)
     entries = {"openvc": lambda: ova.attention(q, k, v, causal=causal),
                "openvc-kernel": lambda: ova.attention_fp8(prepared, causal=causal),
                "cudnn-bf16": _sdpa(torch, q, k, v, causal=causal)}
-    entries.update(_fa3_entries(torch, q, k, v, causal))
+    entries.update(_peer_entries(torch, q, k, v, causal))
     flops = harness.attention_flops(b, h, s, s, d) * (0.5 if causal else 1.0)
     return entries, {e: flops for e in entries}
+
+
+def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
+    """The int8 case: openvc with each Q/K format (complete call in a CUDA graph and eager, and the kernel on
+    a prepared input) against the peers. Entries of a format the build does not take are left out; the
+    returned skipped dict says why."""
+    q, k, v = _qkv(torch, b, s, h, d, seed)
+    entries, skipped = {}, {}
+    why = qk_format_support(ova)
+    for label, kw in QK_FORMATS.items():
+        if why is not None:
+            if label != "e4m3":
+                skipped[f"openvc-{label}"] = why
+                continue
+            kw = {}   # the E4M3 default of a build without qk_format
+
+        def call(kw=kw):
+            return ova.attention(q, k, v, causal=causal, **kw)
+        entries[f"openvc-{label}"] = call
+        entries[f"openvc-{label}-eager"] = Eager(call)
+        try:
+            prepared = ova.prepare_fp8(q, k, v, **kw)
+            entries[f"openvc-{label}-kernel"] = (lambda p=prepared: ova.attention_fp8(p, causal=causal))
+        except Exception as exc:   # recorded; the complete-call entries still run (and report their own error)
+            skipped[f"openvc-{label}-kernel"] = f"prepare_fp8: {type(exc).__name__}: {exc}"[:300]
+    entries["cudnn-bf16"] = _sdpa(torch, q, k, v, causal=causal)
+    entries.update(_peer_entries(torch, q, k, v, causal))
+    for peer, missing in (("fa3-fp8", _fa3() is None), ("fa3-bf16", _fa3() is None), ("sage2", _sage2() is None)):
+        if missing:
+            skipped[peer] = "not importable (flash_attn_interface / sageattention on PYTHONPATH?)"
+    flops = harness.attention_flops(b, h, s, s, d) * (0.5 if causal else 1.0)
+    return entries, {e: flops for e in entries}, skipped
 
 
 def case_list(names):
@@ -85,12 +175,27 @@ def case_list(names):
         elif name == "d64":
             out += [("d64-S24576-H32", dict(kind="dense", s=24576, h=32, d=64)),
                     ("d64-S32760-H24", dict(kind="dense", s=32760, h=24, d=64))]
+        elif name == "int8":   # issue 25's acceptance shapes
+            out += [("int8-dense-S73397-H7", dict(kind="qk", s=73397, h=7)),
+                    ("int8-dense-S73397-H56", dict(kind="qk", s=73397, h=56)),
+                    ("int8-wan480-S32760-H40", dict(kind="qk", s=32760, h=40)),
+                    ("int8-causal-S32768-H7", dict(kind="qk", s=32768, h=7, causal=True)),
+                    ("int8-d64-S24576-H32", dict(kind="qk", s=24576, h=32, d=64))]
         else:
             raise ValueError(f"--cases: expected names from {CASES}, got {name!r}")
     return out
 
 
 def build_case(torch, ova, spec):
+    """(entries, flops per entry, skipped {entry: why})."""
+    kind = spec["kind"]
+    if kind == "qk":
+        return _qk_entries(torch, ova, 1, spec["s"], spec["h"], spec.get("d", 128), spec.get("causal", False))
+    entries, flops = _build_case(torch, ova, spec)
+    return entries, flops, {}
+
+
+def _build_case(torch, ova, spec):
     kind = spec["kind"]
     if kind == "dense":
         return _dense_entries(torch, ova, 1, spec["s"], spec["h"], spec.get("d", 128), spec.get("causal", False))
@@ -133,58 +238,160 @@ def build_case(torch, ova, spec):
     raise ValueError(kind)
 
 
-def run(case_names, rounds, seed=0):
+def counterpart(entry):
+    """The E4M3 entry an INT8 openvc entry is paired with (same call form), or None."""
+    for label in ("int8+smooth", "int8"):
+        if entry.startswith(f"openvc-{label}"):
+            return "openvc-e4m3" + entry[len(f"openvc-{label}"):]
+    return None
+
+
+def paired_table(samples) -> dict:
+    """Paired speedups per round of every openvc entry against every peer present (and of each INT8 entry
+    against its E4M3 counterpart): {"<entry>_vs_<peer>": {"median", "per_round"}}, > 1 = the openvc entry
+    is faster. samples: {entry: [ms per round]} in the same round order."""
+    out = {}
+    for e in samples:
+        if not e.startswith("openvc"):
+            continue
+        others = [a for a in PEERS if a in samples]
+        c = counterpart(e)
+        if c in samples:
+            others.append(c)
+        for a in others:
+            out[f"{e}_vs_{a}"] = harness.paired_ratios(samples[a], samples[e])
+    return out
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def check_outputs(torch, entries) -> dict:
+    """rel L2 of every entry's output against cuDNN BF16's on the same inputs (one call each; eager twins of
+    timed entries are the same call and skipped). A failing entry gets its error text instead."""
+    ref_fn = entries.get("cudnn-bf16")
+    if ref_fn is None:
+        return {}
+    ref = ref_fn().transpose(1, 2)   # [B, H, S, D] -> [B, S, H, D]
+    out = {}
+    for e, fn in entries.items():
+        if e == "cudnn-bf16" or e.endswith("-eager"):
+            continue
+        try:
+            o = _first((fn.fn if isinstance(fn, Eager) else fn)())
+            out[e] = harness.error_metrics_torch(o, ref)["rel_l2"]
+            del o
+        except Exception as exc:
+            out[e] = f"{type(exc).__name__}: {exc}"[:300]
+    del ref
+    torch.cuda.synchronize()
+    return out
+
+
+def run(case_names, rounds, seed=0, on_record=None):
+    """Times every case; on_record(records) after each one (main writes the JSON then, so that a run cut
+    short keeps the cases done)."""
     import torch
     import open_vc_attn as ova
     records = []
-    for name, spec in case_list(case_names):
+    for index, (name, spec) in enumerate(case_list(case_names)):
         t0 = time.time()
-        entries, flops = build_case(torch, ova, spec)
+        try:
+            entries, flops, skipped = build_case(torch, ova, spec)
+        except Exception as exc:   # e.g. out of memory building the inputs: the case is recorded as failed
+            records.append({"case": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"[:600]})
+            print(f"{name}: FAILED to build: {records[-1]['error']}", flush=True)
+            torch.cuda.empty_cache()
+            if on_record:
+                on_record(records)
+            continue
+        checks = check_outputs(torch, entries) if spec["kind"] == "qk" else {}
         timers, errors = {}, {}
         for e, fn in entries.items():
+            eager = isinstance(fn, Eager)
             try:
-                timers[e] = harness.Timer(fn)
+                timers[e] = harness.Timer(fn.fn if eager else fn, use_graph=not eager)
             except Exception as exc:   # a peer that cannot run this case: recorded, not fatal
                 errors[e] = f"{type(exc).__name__}: {exc}"[:300]
         samples = {e: [] for e in timers}
-        for order in harness.visiting_orders(sorted(timers), rounds, seed):
+        orders = harness.visiting_orders(sorted(timers), rounds, seed + index)
+        for order in orders:
             for e in order:
                 samples[e].append(timers[e].sample())
         for t in timers.values():
             t.release()
         res = {e: {"median_ms": harness.median(v), "tflops": harness.tflops(flops[e], harness.median(v)),
-                   "samples_ms": v, "method": timers[e].method} for e, v in samples.items()}
-        base = "openvc" if "openvc" in res else next(iter(res))
+                   "samples_ms": v, "method": timers[e].method, "calls_per_replay": timers[e].calls}
+               for e, v in samples.items()}
+        base = next((b for b in ("openvc", "openvc-e4m3") if b in res), next(iter(res), None))
         ratios = {f"{base}_vs_{e}": harness.paired_ratios(samples[e], samples[base])["median"]
                   for e in res if e != base}
         if "openvc-packed-kernel" in res:
             # TFLOP/s of the packed kernel over the dense kernel's on the same total (the acceptance ratio).
             ratios["packed_tflops_over_dense"] = res["openvc-packed-kernel"]["tflops"] / res["openvc-dense-kernel"]["tflops"]
-        records.append({"case": name, "spec": spec, "results": res, "ratios": ratios, "errors": errors,
-                        "seconds": round(time.time() - t0, 1)})
+        paired = paired_table(samples)
+        rec = {"case": name, "spec": spec, "results": res, "ratios": ratios, "paired": paired, "errors": errors,
+               "skipped": skipped, "visiting_orders": orders, "seconds": round(time.time() - t0, 1)}
+        if checks:
+            rec["rel_l2_vs_cudnn_bf16"] = checks
+        records.append(rec)
         line = " | ".join(f"{e} {r['tflops']:.0f} TF" for e, r in res.items())
         print(f"{name}: {line}", flush=True)
-        print("    " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if not math.isnan(v)) +
-              (f"  errors: {errors}" if errors else ""), flush=True)
+        if spec["kind"] == "qk":
+            for peer in ("sage2", "fa3-fp8"):
+                row = ", ".join(f"{k.split('_vs_')[0]} {v['median']:.3f}" for k, v in paired.items()
+                                if k.endswith(f"_vs_{peer}") and not math.isnan(v["median"]))
+                if row:
+                    print(f"    vs {peer}: {row}", flush=True)
+            print("    rel L2 vs cuDNN BF16: " + ", ".join(
+                f"{e} {v:.4f}" if isinstance(v, float) else f"{e} {v}" for e, v in checks.items()), flush=True)
+        else:
+            print("    " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if not math.isnan(v)), flush=True)
+        if errors or skipped:
+            print(f"    errors: {errors}  skipped: {skipped}", flush=True)
         del entries, timers
         torch.cuda.empty_cache()
+        if on_record:
+            on_record(records)
     return records
 
 
-def main(argv=None) -> int:
+def parser():
     p = argparse.ArgumentParser(prog="open-vc-attn-bench-modes", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--cases", default=",".join(CASES), help="comma list of " + ", ".join(CASES))
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma list of " + ", ".join(CASES))
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case")
+    p.add_argument("--seed", type=int, default=0, help="seed of the visiting orders (case i uses seed + i)")
     p.add_argument("--out", help="write the records as JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_cases(text):
+    """The comma list of --cases, checked against CASES (ValueError naming the bad one)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in CASES]
+    if bad or not names:
+        raise ValueError(f"--cases: expected names from {', '.join(CASES)}, got {text!r}")
+    return names
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    names = parse_cases(args.cases)
     import torch
+    import open_vc_attn as ova
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cudnn": torch.backends.cudnn.version(), "fa3": _fa3() is not None}
-    records = run(args.cases.split(","), args.rounds)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "records": records}, f, indent=1)
+            "cudnn": torch.backends.cudnn.version(), "fa3": _fa3() is not None, "sage2": _sage2() is not None,
+            "qk_format": qk_format_support(ova) or "ok", "rounds": args.rounds, "seed": args.seed,
+            "timing": "CUDA graphs of R calls >= 20 ms per replay; entries marked eager (SA2, openvc *-eager): "
+                      "CUDA events around R back-to-back calls; ratios: t_peer / t_entry per round, median"}
+
+    def write(records):
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "records": records}, f, indent=1)
+    write(run(names, args.rounds, args.seed, on_record=write))
     return 0
 
 

@@ -47,7 +47,7 @@ METRIC_KEYS = ("rel_l2", "rmse", "max_abs", "cosine")
 # Distributions whose versions a record states (None when not installed).
 PACKAGES = ("torch", "numpy", "open-vc-attn", "flash-attn", "flash-attn-3", "flash_attn_3",
             "flash-attn-4", "flash-attn-cute", "nvidia-cudnn-frontend", "nvidia-cudnn-cu13",
-            "nvidia-cudnn-cu12", "triton", "matplotlib")
+            "nvidia-cudnn-cu12", "triton", "matplotlib", "sageattention")
 
 
 # ---- validation -----------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import re
 
 PLOT_SKIP_MESSAGE = "matplotlib is not installed: plots skipped (pip install 'open-vc-attn[bench]')"
 # Speedup columns: (header, anchor backend). FP8 anchors are matched in the row's own scope first.
-SPEEDUP_COLUMNS = (("vs cuDNN BF16", "sdpa-cudnn"), ("vs FA3 BF16", "fa3-bf16"), ("vs FA3 FP8", "fa3-fp8"))
+SPEEDUP_COLUMNS = (("vs cuDNN BF16", "sdpa-cudnn"), ("vs FA3 BF16", "fa3-bf16"), ("vs FA3 FP8", "fa3-fp8"),
+                    ("vs SA2", "sage2"))
 
 
 def _fmt(x, spec):

@@ -119,12 +119,13 @@ def _dispatch():
 
 # ---- the backend function ------------------------------------------------------------------------------
 
-def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False):
+def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3",
+                    k_smoothing=False):
     """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask and causal as the policy
-    took them. Tests swap it for a CPU stand-in."""
+    took them, the policy's Q/K format. Tests swap it for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, key_padding_mask=attn_mask,
-                                  causal=causal)
+                                  causal=causal, qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 def _record(path, reason):
@@ -150,8 +151,9 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
                                        dropout_p=dropout_p, policy=_state.policy)
     _record(path, reason)
     if path == _policy.OPENVC:
-        res = (_fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal)
-               if attn_mask is not None or is_causal else _fast_attention(query, key, value, scale, return_lse))
+        fmt = _state.policy.openvc_kwargs()
+        res = (_fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
+               if attn_mask is not None or is_causal else _fast_attention(query, key, value, scale, return_lse, **fmt))
         out, lse = res if return_lse else (res, None)
         out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         return (out, lse.transpose(1, 2).contiguous()) if return_lse else out

@@ -1,15 +1,21 @@
 """Which attention calls of a framework go to openvc: the one dispatch policy of every integration.
 
 :func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
-no synchronization) and answers ``(OPENVC, "")`` when :func:`open_vc_attn.attention` computes exactly this
-call (with ``key_padding_mask=attn_mask, causal=causal``), or ``(FALLBACK, reason)`` when the framework's
-own attention should run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts,
-BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or
+no synchronization) and answers ``(OPENVC, "")`` (with the default format) when
+:func:`open_vc_attn.attention` computes exactly this call (with ``key_padding_mask=attn_mask,
+causal=causal``), or ``(FALLBACK, reason)`` when the framework's own attention should run it. openvc's
+fast path is the sm_90a kernel: head dim 128 or 64, equal head counts, BF16/FP16 CUDA tensors on a
+compute capability 9.0 device, unmasked or with a key padding mask (bool, or
 additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
 causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
 per-head masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys
 (text or image tokens) stay there too: quantization and the fixed per-call cost do not pay, and those
 calls are a small part of a video model's time. This function is the one place that changes.
+
+The policy also carries the Q/K format of openvc's calls (``qk_format``, ``k_smoothing``): every
+integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
+reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing")``; "" for the default E4M3), so the
+integrations' ``stats()`` show the format.
 
 Imports nothing heavy: the arguments are duck-typed tensors, torch is imported only for the capability
 query of CUDA devices.
@@ -17,6 +23,8 @@ query of CUDA devices.
 from __future__ import annotations
 
 import dataclasses
+
+from .. import _checks
 
 __all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path"]
 
@@ -44,18 +52,38 @@ class DispatchPolicy:
     per-call host cost (about 0.18 ms eager, SDPA's 0.05 ms) do not pay, and text cross-attention (Wan: 512
     text tokens, 257 image tokens) stays on the framework.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
+    qk_format, k_smoothing: passed to every openvc call (:func:`open_vc_attn.attention`'s arguments): "e4m3"
+    (default) or "int8" Q/K codes, and K smoothing (False by default). Checked here: ValueError naming
+    qk_format for anything but the two strings, TypeError naming k_smoothing for a non-bool. With "int8",
+    calls past the fast path's size range (which INT8 does not take) go to the framework.
     """
     min_query_tokens: int = 4096
     min_key_tokens: int = 4096
     head_dims: tuple = (128, 64)
+    qk_format: str = "e4m3"
+    k_smoothing: bool = False
 
     def __post_init__(self):
+        _checks.qk_format(self.qk_format)
+        _checks.k_smoothing(self.k_smoothing)
         for name in ("min_query_tokens", "min_key_tokens"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {val!r}")
         if not self.head_dims or any(d not in (64, 128) for d in self.head_dims):
             raise ValueError(f"head_dims: expected a non-empty tuple of 64 and/or 128, got {self.head_dims!r}")
+
+    @property
+    def format_label(self) -> str:
+        """The reason choose_path gives with OPENVC: "" for E4M3 without K smoothing (the default), else
+        "qk_format=int8", "qk_format=int8, k_smoothing" or "qk_format=e4m3, k_smoothing"."""
+        if self.qk_format == "e4m3" and not self.k_smoothing:
+            return ""
+        return f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
+
+    def openvc_kwargs(self) -> dict:
+        """The format arguments of :func:`open_vc_attn.attention` (what the integrations pass)."""
+        return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing}
 
 
 DEFAULT_POLICY = DispatchPolicy()
@@ -111,12 +139,18 @@ def _key_mask_reason(mask, q, k):
 
 
 def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=None):
-    """``(OPENVC, "")`` when openvc should run this attention call, else ``(FALLBACK, reason)``.
+    """``(OPENVC, policy.format_label)`` when openvc should run this attention call (``(OPENVC, "")`` with
+    the default E4M3 policy), else ``(FALLBACK, reason)``.
 
     q: [B, Sq, H, D], k and v: [B, Sk, Hk, D] (the layout of diffusers' dispatch and of SGLang's attention
     backends). attn_mask, causal and dropout_p are the call's options as the framework gives them.
     """
     policy = DEFAULT_POLICY if policy is None else policy
+    return _choose(q, k, v, attn_mask, causal, dropout_p, policy, None)
+
+
+def _choose(q, k, v, attn_mask, causal, dropout_p, policy, lengths):
+    """choose_path; lengths: (Sq, Sk) per sequence for the INT8 range rule, None: q's and k's."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return FALLBACK, "rank: expected [B, S, H, D] tensors"
     if str(q.dtype) not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -148,10 +182,14 @@ def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=
         return FALLBACK, "layout (strides or alignment)"
     if k.device != q.device or v.device != q.device:
         return FALLBACK, "devices differ"
+    if policy.qk_format == "int8":
+        sq, sk = lengths if lengths is not None else (q.shape[1], k.shape[1])
+        if not _checks.fast_path_range(sq, sk):
+            return FALLBACK, "int8 past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)"
     reason = _device_reason(q.device)
     if reason:
         return FALLBACK, reason
-    return OPENVC, ""
+    return OPENVC, policy.format_label
 
 
 def _offsets_reason(name, cu, q):
@@ -166,7 +204,7 @@ def _offsets_reason(name, cu, q):
 
 def choose_varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                        dropout_p=0.0, policy=None):
-    """:func:`choose_path` for packed sequences: ``(OPENVC, "")`` when :func:`open_vc_attn.attention` with
+    """:func:`choose_path` for packed sequences: ``(OPENVC, label)`` when :func:`open_vc_attn.attention` with
     ``cu_seqlens_q/k, max_seqlen_q/k`` (and ``causal``) computes the call, else ``(FALLBACK, reason)``.
 
     q: [total_q, H, D], k and v: [total_k, Hk, D]; cu_seqlens_q/k: int32 offsets [N + 1] on q's device;
@@ -198,5 +236,5 @@ def choose_varlen_path(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     # token thresholds were applied per sequence above, and its causal rule (Sq == Sk) per sequence too
     # (shared offsets), so it sees causal only where the totals agree (they may not: rows past cu[N])
     per_token = dataclasses.replace(policy, min_query_tokens=1, min_key_tokens=1)
-    return choose_path(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), causal=causal and q.shape[0] == k.shape[0],
-                       dropout_p=dropout_p, policy=per_token)
+    return _choose(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None, causal and q.shape[0] == k.shape[0],
+                   dropout_p, per_token, (max_seqlen_q, max_seqlen_k))

@@ -69,18 +69,20 @@ _counts = collections.Counter()     # (path, reason) -> calls (eager)
 _default_policy = [_policy.DEFAULT_POLICY]
 
 
-def _fast_attention(q, k, v, scale, return_lse, causal=False):
-    """openvc's fast path; tests swap it for a CPU reference stand-in."""
+def _fast_attention(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False):
+    """openvc's fast path (the policy's Q/K format); tests swap it for a CPU reference stand-in."""
     from .. import api
-    return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, causal=causal)
+    return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, causal=causal, qk_format=qk_format,
+                         k_smoothing=k_smoothing)
 
 
-def _fast_varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal):
+def _fast_varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal, qk_format="e4m3", k_smoothing=False):
     """openvc's packed path: one call over every sequence (each quantized and attended alone), the offsets
     read on the GPU only. Tests swap it for a CPU stand-in."""
     from .. import api
     return api.attention(q, k, v, softmax_scale=scale, causal=causal, cu_seqlens_q=cu_seqlens,
-                         cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+                         cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
+                         qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 @dataclasses.dataclass
@@ -125,7 +127,8 @@ class OpenVCAttentionImpl(AttentionImpl):
                                            policy=self.policy)
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse, self.causal)
+            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse, self.causal,
+                                  **self.policy.openvc_kwargs())
             out, lse = res if return_softmax_lse else (res, None)
             out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
             return (out, lse) if return_softmax_lse else out
@@ -148,7 +151,8 @@ class OpenVCAttentionImpl(AttentionImpl):
                                                   causal=self.causal, dropout_p=self.dropout_p, policy=self.policy)
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            out = _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen, self.softmax_scale, self.causal)
+            out = _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen, self.softmax_scale, self.causal,
+                                         **self.policy.openvc_kwargs())
             return out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         own = getattr(self.fallback, "forward_varlen", None)
         if own is not None:          # SGLang releases with packed varlen attention

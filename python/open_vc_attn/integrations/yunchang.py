@@ -46,10 +46,11 @@ _ZERO_LSE_TYPES = ("TORCH_MATH", "TORCH_CUDNN")
 _counts = collections.Counter()     # (path, reason) -> calls (eager)
 
 
-def _fast_attention(q, k, v, scale):
-    """openvc's fast path, (out, lse [B, H, Sq]); tests swap it for a CPU stand-in."""
+def _fast_attention(q, k, v, scale, qk_format="e4m3", k_smoothing=False):
+    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K format; tests swap it for a CPU stand-in."""
     import open_vc_attn
-    return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=True)
+    return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=True, qk_format=qk_format,
+                                  k_smoothing=k_smoothing)
 
 
 def _exact_fallback(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -126,7 +127,8 @@ class OpenVCAttnProcessor:
         path, reason = self._choose(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes)
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            out, lse = _fast_attention(q, k, v, softmax_scale)
+            policy = self.policy if self.policy is not None else _policy.DEFAULT_POLICY
+            out, lse = _fast_attention(q, k, v, softmax_scale, **policy.openvc_kwargs())
             return (out if out.dtype == q.dtype else out.to(q.dtype)), lse   # openvc writes BF16
         return self.fallback(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,

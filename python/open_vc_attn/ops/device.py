@@ -64,13 +64,22 @@ def params(cls, **fields):
     return p
 
 
-def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim):
+def qk_format(name):
+    """The openvc::QkFormat of a qk_format string ("e4m3" or "int8", checked by the caller)."""
+    return getattr(_ext.load().QkFormat, name)
+
+
+def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim, fmt=None):
     """openvc::Fp8Inputs over six prepared tensors (PreparedFP8.tensors() order; a VC preparation's
-    first five, v_descale then being unused, may pass None for it)."""
+    first five, v_descale then being unused, may pass None for it). fmt: the qk_format string, or None to
+    leave the struct's default (E4M3; the repair and VC paths, which take E4M3 only)."""
     names = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale")
     pointers = {n: (0 if t is None else t.data_ptr()) for n, t in zip(names, tensors)}
-    return params(_ext.load().Fp8Inputs, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
-                  head_dim=head_dim, **pointers)
+    p = params(_ext.load().Fp8Inputs, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
+               head_dim=head_dim, **pointers)
+    if fmt is not None:
+        p.qk_format = qk_format(fmt)
+    return p
 
 
 def set_output(p, out, lse, softmax_scale, out_strides=None):

@@ -43,39 +43,44 @@ def named(op):
     return torch.profiler.record_function(op) if _C._autograd._profiler_enabled() else contextlib.nullcontext()
 
 
-def prepare_fp8(q, k, v, seqused_k=None, checked=False):
+def prepare_fp8(q, k, v, seqused_k=None, checked=False, qk_format="e4m3", k_smoothing=False):
     """``open_vc_attn::prepare_fp8``: the six prepared tensors."""
     if not eager(q, k, v, seqused_k):
-        return torch.ops.open_vc_attn.prepare_fp8.default(q, k, v, seqused_k)
+        return torch.ops.open_vc_attn.prepare_fp8.default(q, k, v, seqused_k, qk_format, k_smoothing)
     with named("open_vc_attn::prepare_fp8"):
-        return fp8.prepare_cuda(q, k, v, seqused_k, checked=checked)
+        return fp8.prepare_cuda(q, k, v, seqused_k, checked=checked, qk_format=qk_format, k_smoothing=k_smoothing)
 
 
-def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, checked=False):
+def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, checked=False, qk_format="e4m3",
+                       k_smoothing=False):
     """``open_vc_attn::prepare_fp8_varlen``: the six prepared tensors of packed sequences."""
     if not eager(q, k, v, cu_q, cu_k, seqused_k):
-        return torch.ops.open_vc_attn.prepare_fp8_varlen.default(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k)
+        return torch.ops.open_vc_attn.prepare_fp8_varlen.default(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k,
+                                                                 qk_format, k_smoothing)
     with named("open_vc_attn::prepare_fp8_varlen"):
-        return fp8.prepare_varlen_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, checked=checked)
+        return fp8.prepare_varlen_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, checked=checked,
+                                       qk_format=qk_format, k_smoothing=k_smoothing)
 
 
-def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False):
+def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
+                  qk_format="e4m3"):
     """``open_vc_attn::attention_fp8`` on the six prepared tensors: (out, lse)."""
     if not eager(*tensors):
         return torch.ops.open_vc_attn.attention_fp8.default(*tensors, softmax_scale, mid_window_blocks, return_lse,
-                                                            out_dtype)
+                                                            out_dtype, qk_format)
     with named("open_vc_attn::attention_fp8"):
-        return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, checked=checked)
+        return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, checked=checked,
+                                  qk_format=qk_format)
 
 
 def attention_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                       return_lse, seqused_k=None, out_dtype=None, checked=False):
+                       return_lse, seqused_k=None, out_dtype=None, checked=False, qk_format="e4m3"):
     """``open_vc_attn::attention_fp8_full`` (fast) or ``attention_general``: (out, lse)."""
     name = "attention_fp8_full" if fast else "attention_general"
     if not eager(*tensors, cu_q, cu_k, seqused_k):
         op = getattr(torch.ops.open_vc_attn, name).default
         return op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
-                  out_dtype)
+                  out_dtype, qk_format)
     with named("open_vc_attn::" + name):
         return fp8.sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                                 return_lse, seqused_k, out_dtype, checked=checked)
+                                 return_lse, seqused_k, out_dtype, checked=checked, qk_format=qk_format)

@@ -1,25 +1,31 @@
 """Custom ops of the FP8 ExpCast path: preparation and the fast and general attention kernels.
 
-- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None) -> (q_codes, q_descale,
-  k_codes, k_descale, v_packed, v_descale)``: rank-4 BF16/FP16 CUDA inputs, new contiguous outputs (see
-  api.PreparedFP8); seqused_k: optional int32 [B] key counts (keys past them are left out of the scales).
+- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, str qk_format="e4m3",
+  bool k_smoothing=False) -> (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)``: rank-4 BF16/FP16
+  CUDA inputs, new contiguous outputs (see api.PreparedFP8); seqused_k: optional int32 [B] key counts (keys
+  past them are left out of the scales). qk_format "int8": INT8 Q/K codes (torch.int8) with q_descale
+  [B, H, Sq] and k_descale [B, H, ceil(Sk/128), 8]; k_smoothing: K minus its per-channel mean is quantized.
 - ``open_vc_attn::prepare_fp8_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
-  int max_seqlen_q, int max_seqlen_k) -> (six tensors)``: packed sequences, q [total_q, H, D], k and v
-  [total_k, H, D], int32 offsets (read on the GPU only); outputs as described in api.PreparedFP8.
+  int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k=None, str qk_format="e4m3", bool k_smoothing=False)
+  -> (six tensors)``: packed sequences, q [total_q, H, D], k and v [total_k, H, D], int32 offsets (read on
+  the GPU only); outputs as described in api.PreparedFP8.
 - ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
-  float softmax_scale, int mid_window_blocks, bool return_lse) -> (out, lse)``: out BF16 [B, Sq, H, D];
+  float softmax_scale, int mid_window_blocks, bool return_lse, ScalarType? out_dtype=None,
+  str qk_format="e4m3") -> (out, lse)``: out BF16 [B, Sq, H, D];
   lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
   of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
   fast path: head_dim 128, non-causal, batched.
 - ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
   int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse,
-  Tensor? seqused_k=None) -> (out, lse)``: the general path (CUDA cores; head_dim 64 or 128). Without
+  Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format="e4m3") -> (out, lse)``: the general
+  path (CUDA cores; head_dim 64 or 128; E4M3 only: qk_format "int8" raises ValueError). Without
   offsets the six tensors are a batched preparation and the outputs are those of attention_fp8
   (max_seqlen_q/k ignored); with them, the packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16
   [total_q, H, D] (zeros where no sequence writes) and lse float32 [H, total_q] (-inf there; the flash-attn
   varlen layout). seqused_k: optional int32 key counts per batch entry or sequence.
 - ``open_vc_attn::attention_fp8_full(the same arguments) -> (out, lse)``: the sm_90a fast path in its causal,
-  packed-sequence and key-count modes (head_dim 128), same outputs.
+  packed-sequence and key-count modes (head_dim 128 or 64; E4M3 or INT8), same outputs.
+The attention ops read the Q/K format from their qk_format argument, which must be the preparation's.
 """
 import torch
 
@@ -27,45 +33,47 @@ from .. import _checks, _ext
 from .._layout import FP8_NAMES, fp8_expectations, varlen_expectations
 from . import device as dev
 
-_PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None) "
-                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, str qk_format=\"e4m3\", "
+                   "bool k_smoothing=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-                          "int max_seqlen_k, Tensor? seqused_k=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+                          "int max_seqlen_k, Tensor? seqused_k=None, str qk_format=\"e4m3\", bool k_smoothing=False) "
+                          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                      "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse, "
-                     "ScalarType? out_dtype=None) -> (Tensor, Tensor)")
+                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\") -> (Tensor, Tensor)")
 # attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
 _SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                     "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
                     "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
-                    "Tensor? seqused_k=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
+                    "Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format=\"e4m3\") -> (Tensor, Tensor)")
 
 
 def _allocate(expectations, alloc):
     return tuple(alloc(shape, getattr(torch, dtype)) for _, shape, dtype in expectations)
 
 
-def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None):
+def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None, qk_format="e4m3",
+                   k_smoothing=False):
     """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched);
     seqused_k: optional int32 key counts (keys past them are padding); outs: the six outputs (tensors, or
     anything with data_ptr()); workspace: (pointer, bytes) of prepare_workspace_bytes scratch, or None to
-    allocate it."""
+    allocate it; qk_format, k_smoothing: checked values (PrepareParams.qk_format / .k_smoothing)."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
-                   v=dev.token_view(v, packed_fields is not None),
-                   **dict(zip(FP8_NAMES, (t.data_ptr() for t in outs))))
+                   v=dev.token_view(v, packed_fields is not None), qk_format=dev.qk_format(qk_format),
+                   k_smoothing=bool(k_smoothing), **dict(zip(FP8_NAMES, (t.data_ptr() for t in outs))))
     if packed_fields is None:
         p.batch, p.seqlen_q, p.seqlen_k = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
-        groups = p.batch
+        groups, max_k = p.batch, p.seqlen_k
     else:
         for name, value in packed_fields.items():
             setattr(p, name, value)
-        groups = p.num_seqs
+        groups, max_k = p.num_seqs, p.max_seqlen_k
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
-    if workspace is None:
-        ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads), q.device)   # v_amax scratch
+    if workspace is None:   # v_amax scratch (and the K channel sums with k_smoothing)
+        ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads, max_k, bool(k_smoothing)), q.device)
         workspace = ws.data_ptr(), ws.numel()
     p.workspace, p.workspace_bytes = workspace
     dev.enqueue(ext.prepare_fp8, p, q.device)
@@ -73,70 +81,93 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None)
 
 # ---- prepare_fp8 ----------------------------------------------------------------------------------------
 
-def _prepare_outputs(q, k, alloc):
+def _prepare_outputs(q, k, alloc, qk_format="e4m3"):
     b, sq, h, d = q.shape
-    return _allocate(fp8_expectations(b, sq, k.shape[1], h, d), alloc)
+    return _allocate(fp8_expectations(b, sq, k.shape[1], h, d, qk_format), alloc)
 
 
-def prepare_cuda(q, k, v, seqused_k=None, checked=False):
-    """The CUDA implementation of prepare_fp8. checked: the caller ran check_tokens and check_seqused_k on
-    these arguments already (open_vc_attn.api, through :mod:`.direct`); the device and alignment checks,
-    which need real tensors, always run."""
+def _format_args(qk_format, k_smoothing):
+    """The ops' qk_format and k_smoothing arguments, checked (ValueError / TypeError naming them)."""
+    return _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
+
+
+def _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing):
+    fmt, smooth = _format_args(qk_format, k_smoothing)
+    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
+    return fmt, smooth
+
+
+def prepare_cuda(q, k, v, seqused_k=None, checked=False, qk_format="e4m3", k_smoothing=False):
+    """The CUDA implementation of prepare_fp8. checked: the caller ran check_tokens, check_seqused_k and the
+    format checks on these arguments already (open_vc_attn.api, through :mod:`.direct`); the device and
+    alignment checks, which need real tensors, always run."""
     if not checked:
-        _checks.check_rank4_tokens("prepare_fp8", q, k, v)
-        _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
+        qk_format, k_smoothing = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    outs = _prepare_outputs(q, k, dev.empty(q.device))
-    launch_prepare(q, k, v, outs, None, seqused_k)
+    outs = _prepare_outputs(q, k, dev.empty(q.device), qk_format)
+    launch_prepare(q, k, v, outs, None, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
     return outs
 
 
 @torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
-def _prepare_fp8(q, k, v, seqused_k=None):
-    return prepare_cuda(q, k, v, seqused_k)
+def _prepare_fp8(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
+    return prepare_cuda(q, k, v, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 @_prepare_fp8.register_fake
-def _prepare_fp8_fake(q, k, v, seqused_k=None):
-    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
-    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
-    return _prepare_outputs(q, k, dev.like(q))
+def _prepare_fp8_fake(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
+    fmt, _ = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
+    return _prepare_outputs(q, k, dev.like(q), fmt)
 
 
 # ---- prepare_fp8_varlen (packed sequences) ----------------------------------------------------------------
 
-def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc):
+def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc, qk_format="e4m3"):
     total_q, h, d = q.shape
-    return _allocate(varlen_expectations(nseq, total_q, k.shape[0], h, d, max_seqlen_q, max_seqlen_k), alloc)
+    return _allocate(varlen_expectations(nseq, total_q, k.shape[0], h, d, max_seqlen_q, max_seqlen_k, qk_format),
+                     alloc)
+
+
+def _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
+                          k_smoothing):
+    fmt, smooth = _format_args(qk_format, k_smoothing)
+    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
+    return nseq, fmt, smooth
 
 
 def prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
-                        checked=False):
+                        checked=False, qk_format="e4m3", k_smoothing=False):
     """The CUDA implementation of prepare_fp8_varlen (checked: as in :func:`prepare_cuda`, with check_varlen)."""
     if checked:
         nseq = int(cu_seqlens_q.shape[0]) - 1
     else:
-        nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
+        nseq, qk_format, k_smoothing = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                             max_seqlen_k, seqused_k, qk_format, k_smoothing)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device))
+    outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device), qk_format)
     launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                                         cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
-                                        total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k)
+                                        total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k,
+                   qk_format=qk_format, k_smoothing=k_smoothing)
     return outs
 
 
 @torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
                          schema=_PREPARE_VARLEN_SCHEMA)
-def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
-    return prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                        qk_format="e4m3", k_smoothing=False):
+    return prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                               qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 @_prepare_fp8_varlen.register_fake
-def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None):
-    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
-    return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.like(q))
+def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
+                             qk_format="e4m3", k_smoothing=False):
+    nseq, fmt, _ = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                         qk_format, k_smoothing)
+    return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.like(q), fmt)
 
 
 # ---- attention_fp8 (the sm_90a fast path) -----------------------------------------------------------------
@@ -148,9 +179,9 @@ def attention_outputs(q_codes, return_lse, alloc, out_dtype=None):
             alloc((b, h, sq) if return_lse else (0,), torch.float32))
 
 
-def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks):
-    """openvc::AttentionParams of the fast path (repair rows unset)."""
-    p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes),
+def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_format=None):
+    """openvc::AttentionParams of the fast path (repair rows unset; qk_format None: the struct's E4M3)."""
+    p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes, fmt=qk_format),
                    mid_window_blocks=int(mid_window_blocks))
     return dev.set_output(p, out, lse, softmax_scale)
 
@@ -162,24 +193,28 @@ def _batched_sizes(tensors):
     return int(b), int(sq), int(kc.shape[1]), int(h), int(d)
 
 
-def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False):
-    """The CUDA implementation of attention_fp8. checked: the six tensors' layout and the scalars were
-    checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh outputs); the
-    device and alignment checks always run."""
+def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
+                   qk_format="e4m3"):
+    """The CUDA implementation of attention_fp8. checked: the six tensors' layout, their format and the
+    scalars were checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh
+    outputs); the device and alignment checks always run."""
     q_codes = tensors[0]
     if checked:
         sizes = _batched_sizes(tensors)
     else:
-        sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks))
+        sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks,
+                                                                 fmt=qk_format))
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype)
+    return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
+                        qk_format)
 
 
-def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None):
+def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None,
+                 qk_format="e4m3"):
     """The dense fast path on a checked batched preparation (tensors, or anything with data_ptr() and a
     q_codes shape): allocates (out, lse) and enqueues the kernel."""
     out, lse = attention_outputs(tensors[0], return_lse, dev.empty(device), out_dtype)
-    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks)
+    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks, qk_format)
     dev.enqueue(_ext.load().attention_fp8, p, device)
     return out, lse
 
@@ -187,16 +222,16 @@ def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, retur
 @torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
                          schema=_ATTENTION_SCHEMA)
 def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                   mid_window_blocks, return_lse, out_dtype=None):
+                   mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3"):
     return attention_cuda((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
-                          mid_window_blocks, return_lse, out_dtype)
+                          mid_window_blocks, return_lse, out_dtype, qk_format=qk_format)
 
 
 @_attention_fp8.register_fake
 def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                        mid_window_blocks, return_lse, out_dtype=None):
+                        mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3"):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks)
+    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks, fmt=qk_format)
     return attention_outputs(q_codes, return_lse, dev.like(q_codes), out_dtype)
 
 
@@ -215,15 +250,16 @@ def _sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
     return alloc((n, sq, h, d), dtype), alloc((n, h, sq) if return_lse else (0,), torch.float32)
 
 
-def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast):
+def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
+                   qk_format="e4m3"):
     packed, sizes = _checks.check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                  mid_window_blocks, fast=fast)
+                                                  mid_window_blocks, fast=fast, fmt=qk_format)
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes
 
 
 def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                  seqused_k, out_dtype=None, checked=False):
+                  seqused_k, out_dtype=None, checked=False, qk_format="e4m3"):
     """The CUDA implementation of attention_fp8_full (fast) and attention_general. checked: as in
     :func:`attention_cuda` (the api checked the preparation, offsets, key counts, range and grid)."""
     qc = tensors[0]
@@ -233,14 +269,14 @@ def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal
                   int(qc.shape[2])) if packed else _batched_sizes(tensors))
     else:
         packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
-                                       seqused_k, fast)
+                                       seqused_k, fast, qk_format)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
     return enqueue_sequence(fast, tensors, packed, sizes, qc.device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                            mid_window_blocks, return_lse, seqused_k, out_dtype)
+                            mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format)
 
 
 def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                     mid_window_blocks, return_lse, seqused_k, out_dtype=None):
+                     mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3"):
     """attention_fp8_full (fast) or attention_general on checked arguments (tensors: as in
     :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel."""
     n, sq, sk, h, d = (int(x) for x in sizes)
@@ -249,13 +285,13 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
     p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
                    mid_window_blocks=int(mid_window_blocks))
     if packed:   # C++: batch sizes ignored; out [total_q, H, D] and lse [H, total_q] strides
-        p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d)
+        p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d, fmt=qk_format)
         p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
         p.num_seqs, p.max_seqlen_q, p.max_seqlen_k = n, int(max_q), int(max_k)
         p.total_q, p.total_k = sq, sk   # offsets are clamped to these on the device
         out_strides, lse_strides = (0, *out.stride()[:2]), (0, sq)
     else:
-        p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d)
+        p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d, fmt=qk_format)
         out_strides, lse_strides = out.stride()[:3], (h * sq, sq)
     if not fast:   # the fast path's LSE layouts are fixed (the same ones)
         p.lse_stride_batch, p.lse_stride_head = lse_strides
@@ -267,8 +303,9 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
 
 
 def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k,
-                   out_dtype=None):
-    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast)
+                   out_dtype=None, qk_format="e4m3"):
+    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
+                                   qk_format)
     like = dev.like(tensors[0])
     return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
 
@@ -277,35 +314,35 @@ def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_w
                          schema=_SEQUENCE_SCHEMA)
 def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
-                       out_dtype=None):
+                       out_dtype=None, qk_format="e4m3"):
     return sequence_cuda(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k, out_dtype)
+                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                         return_lse, seqused_k, out_dtype, qk_format=qk_format)
 
 
 @_attention_general.register_fake
 def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k=None, out_dtype=None):
+                            return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3"):
     return _fake_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype)
+                          seqused_k, out_dtype, qk_format)
 
 
 @torch.library.custom_op("open_vc_attn::attention_fp8_full", mutates_args=(), device_types="cuda",
                          schema=_SEQUENCE_SCHEMA)
 def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                        seqused_k=None, out_dtype=None):
+                        seqused_k=None, out_dtype=None, qk_format="e4m3"):
     return sequence_cuda(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k, out_dtype)
+                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
+                         return_lse, seqused_k, out_dtype, qk_format=qk_format)
 
 
 @_attention_fp8_full.register_fake
 def _attention_fp8_full_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                             return_lse, seqused_k=None, out_dtype=None):
+                             return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3"):
     return _fake_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype)
+                          seqused_k, out_dtype, qk_format)

@@ -23,7 +23,7 @@ from . import device as dev
 from . import fp8
 
 _ALIGN = 256   # every slice starts 256-byte aligned (TMA needs 16; vector loads like 128)
-_ITEM = {"uint8": 1, "float32": 4}
+_ITEM = {"uint8": 1, "int8": 1, "float32": 4}
 
 
 class _Slice:
@@ -38,35 +38,40 @@ class _Slice:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(b, sq, sk, h, d):
+def _layout(b, sq, sk, h, d, qk_format="e4m3", k_smoothing=False):
     """(shapes, byte offsets of the six prepared tensors and of the preparation's workspace, workspace
-    bytes, total bytes) for one batched call (cached: a model repeats a few shapes)."""
+    bytes, total bytes) for one batched call in the layouts of qk_format (the workspace grows with
+    k_smoothing); cached: a model repeats a few shapes."""
     shapes, offsets, total = [], [], 0
-    for _, shape, dtype in fp8_expectations(b, sq, sk, h, d):
+    for _, shape, dtype in fp8_expectations(b, sq, sk, h, d, qk_format):
         n = _ITEM[dtype]
         for x in shape:
             n *= x
         shapes.append(shape)
         offsets.append(total)
         total += -(-n // _ALIGN) * _ALIGN
-    ws_bytes = max(int(_ext.load().prepare_workspace_bytes(b, h)), 16)
+    ws_bytes = max(int(_ext.load().prepare_workspace_bytes(b, h, sk, k_smoothing)), 16)
     offsets.append(total)
     total += -(-ws_bytes // _ALIGN) * _ALIGN
     return tuple(shapes), tuple(offsets), ws_bytes, total
 
 
-def attention(q, k, v, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype=None):
-    """(out, lse) of checked rank-4 batched q, k, v (and key counts) on the fast path."""
+def attention(q, k, v, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype=None,
+              qk_format="e4m3", k_smoothing=False):
+    """(out, lse) of checked rank-4 batched q, k, v (and key counts) on the fast path; qk_format and
+    k_smoothing checked by the caller."""
     b, sq, h, d = (int(x) for x in q.shape)
     sk = int(k.shape[1])
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    shapes, offsets, ws_bytes, total = _layout(b, sq, sk, h, d)
+    shapes, offsets, ws_bytes, total = _layout(b, sq, sk, h, d, qk_format, bool(k_smoothing))
     scratch = torch.empty(total, dtype=torch.uint8, device=q.device)
     base = scratch.data_ptr()
     prepared = tuple(_Slice(base + off, shape) for off, shape in zip(offsets, shapes))
-    fp8.launch_prepare(q, k, v, prepared, None, seqused_k, workspace=(base + offsets[6], ws_bytes))
+    fp8.launch_prepare(q, k, v, prepared, None, seqused_k, workspace=(base + offsets[6], ws_bytes),
+                       qk_format=qk_format, k_smoothing=k_smoothing)
     sizes = (b, sq, sk, h, d)
     if not causal and seqused_k is None:
-        return fp8.enqueue_fast(prepared, sizes, q.device, softmax_scale, mid_window_blocks, return_lse, out_dtype)
+        return fp8.enqueue_fast(prepared, sizes, q.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
+                                qk_format)
     return fp8.enqueue_sequence(True, prepared, False, sizes, q.device, None, None, 0, 0, softmax_scale, causal,
-                                mid_window_blocks, return_lse, seqused_k, out_dtype)
+                                mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format)

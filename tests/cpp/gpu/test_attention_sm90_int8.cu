@@ -48,15 +48,15 @@ struct Int8Case {
   bool video;
 };
 
-// Device buffers of one batched case (D = 128; q_descale per row).
+// Device buffers of one batched case (D = 128; q_descale per row; k_descale room for [B, H, nk, 8]).
 struct Gpu {
   static size_t el(int b, int s, int h) { return size_t(b) * s * h * 128; }
   static size_t nk(int sk) { return size_t(openvc::num_quant_blocks(sk)); }
   explicit Gpu(const Int8Case& c)
       : q(el(c.B, c.sq, c.H) * 2), k(el(c.B, c.sk, c.H) * 2), v(el(c.B, c.sk, c.H) * 2), qc(el(c.B, c.sq, c.H)),
         kc(el(c.B, c.sk, c.H)), vp(size_t(c.B) * c.H * 128 * nk(c.sk) * 128), qs(size_t(c.B) * c.H * c.sq * 4),
-        ks(size_t(c.B) * c.H * nk(c.sk) * 4), vs(size_t(c.B) * c.H * 4),
-        ws(std::max<size_t>(openvc::prepare_workspace_bytes(c.B, c.H), 16)) {}
+        ks(size_t(c.B) * c.H * nk(c.sk) * openvc::kInt8KeyGroups * 4), vs(size_t(c.B) * c.H * 4),
+        ws(std::max<size_t>(openvc::prepare_workspace_bytes(c.B, c.H, c.sk, false), 16)) {}
   DevBuf q, k, v, qc, kc, vp, qs, ks, vs, ws;
   openvc::PrepareParams pp;
 };

@@ -57,7 +57,7 @@ struct Problem {
         nk(int(openvc::num_quant_blocks(s.Sk))),
         sk_pad(openvc::packed_seqlen_k(s.Sk)),
         dev(size_t(s.B) * s.Sq * s.H * s.D, size_t(s.B) * s.Sk * s.H * s.D, size_t(s.B) * s.H * s.D * sk_pad,
-            size_t(s.B) * s.H, nq, nk, openvc::prepare_workspace_bytes(s.B, s.H)) {
+            size_t(s.B) * s.H, nq, nk, openvc::prepare_workspace_bytes(s.B, s.H, s.Sk, false)) {
     params.dtype = s.dtype;
     params.batch = s.B;
     params.seqlen_q = s.Sq;
@@ -362,7 +362,7 @@ PrepareParams valid_params() {
   p.k_descale = static_cast<float*>(fake(0x60000));
   p.v_descale = static_cast<float*>(fake(0x70000));
   p.workspace = fake(0x80000);
-  p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2);
+  p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 256, false);
   return p;
 }
 
@@ -407,9 +407,16 @@ TEST(PrepareArgs, RejectsBadParameters) {
 }
 
 TEST(PrepareArgs, WorkspaceBytes) {
-  EXPECT_EQ(openvc::prepare_workspace_bytes(0, 4), 0u);
-  EXPECT_GE(openvc::prepare_workspace_bytes(2, 56), 2u * 56u * 4u);
-  EXPECT_EQ(openvc::prepare_workspace_bytes(2, 56) % 16, 0u);
+  EXPECT_EQ(openvc::prepare_workspace_bytes(0, 4, 100, false), 0u);
+  EXPECT_EQ(openvc::prepare_workspace_bytes(0, 4, 100, true), 0u);
+  EXPECT_GE(openvc::prepare_workspace_bytes(2, 56, 1000, false), 2u * 56u * 4u);
+  EXPECT_EQ(openvc::prepare_workspace_bytes(2, 56, 1000, false) % 16, 0u);
+  // Without smoothing max_seqlen_k is unused.
+  EXPECT_EQ(openvc::prepare_workspace_bytes(2, 56, 1000, false), openvc::prepare_workspace_bytes(2, 56, 7, false));
+  // Smoothing: V amax slots (16-byte rounded), double block sums [G, H, nk, 128], float means [G, H, 128].
+  const size_t amax = (3u * 5u * 4u + 15u) / 16u * 16u;
+  EXPECT_EQ(openvc::prepare_workspace_bytes(3, 5, 300, true), amax + 3u * 5u * 3u * 128u * 8u + 3u * 5u * 128u * 4u);
+  EXPECT_EQ(openvc::prepare_workspace_bytes(3, 5, 300, true) % 16, 0u);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ struct VarlenProblem {
         d_cu_k(cu_k.size() * 4),
         dev(std::max<size_t>(size_t(cu_q.back()) * cs.H * cs.D, 16),
             std::max<size_t>(size_t(cu_k.back()) * cs.H * cs.D, 16), size_t(nseq) * cs.H * cs.D * sk_pad,
-            size_t(nseq) * cs.H, nq, nk, openvc::prepare_workspace_bytes(nseq, cs.H)) {
+            size_t(nseq) * cs.H, nq, nk, openvc::prepare_workspace_bytes(nseq, cs.H, max_k, false)) {
     if (d_cu_q.p) upload(d_cu_q.p, cu_q);
     if (d_cu_k.p) upload(d_cu_k.p, cu_k);
     params.dtype = cs.dtype;
@@ -338,7 +338,7 @@ PrepareParams valid_packed_params() {
   p.k_descale = static_cast<float*>(fake(0x60000));
   p.v_descale = static_cast<float*>(fake(0x70000));
   p.workspace = fake(0x80000);
-  p.workspace_bytes = openvc::prepare_workspace_bytes(3, 2);
+  p.workspace_bytes = openvc::prepare_workspace_bytes(3, 2, 1000, false);
   return p;
 }
 
@@ -371,8 +371,11 @@ TEST(PrepareVarlenArgs, RejectsBadParameters) {
   p.total_k = -1;  // unset: the offsets could not be clamped
   expect_rejected(p, "total_q and total_k");
   p = valid_packed_params();
-  p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2);  // sized for one sequence
-  expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads)");
+  p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 1000, false);  // sized for one sequence
+  expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, false)");
+  p = valid_packed_params();
+  p.k_smoothing = true;  // the smoothing workspace is larger
+  expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, true)");
   p = valid_packed_params();
   p.v.stride_seq = 2 * 128 + 4;
   expect_rejected(p, "v.stride_seq");

@@ -54,7 +54,7 @@ struct Fp8 {
         dev(size_t(cs.B) * cs.S * cs.H * D, size_t(cs.B) * cs.S * cs.H * D,
             size_t(cs.B) * cs.H * D * openvc::packed_seqlen_k(cs.S), size_t(cs.B) * cs.H,
             int(openvc::num_quant_blocks(cs.S)), int(openvc::num_quant_blocks(cs.S)),
-            openvc::prepare_workspace_bytes(cs.B, cs.H)) {
+            openvc::prepare_workspace_bytes(cs.B, cs.H, cs.S, false)) {
     pp.dtype = cs.dtype;
     pp.batch = cs.B, pp.seqlen_q = pp.seqlen_k = cs.S, pp.heads = cs.H, pp.head_dim = D;
     pp.q = dq.view();

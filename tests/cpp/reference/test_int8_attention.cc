@@ -76,11 +76,15 @@ Row contract_row(const PreparedInputs& in, const AttentionOptions& opt, int s, i
   float m = kNegInf;
   double l = 0;
   std::vector<double> A(D, 0.0);
+  // Key j's multiplier: the descale of its (block, key group), group ((j mod 8) / 2) + 4 ((j mod 128) >= 64).
+  auto a_of = [&](int j) {
+    const int kg = (j % 8) / 2 + ((j % 128) >= 64 ? 4 : 0);
+    return expcast_multiplier(tau, dq, in.k8.descale[g * in.k8.groups + j / 128 * 8 + kg]);
+  };
   for (int b : order) {
-    const float a = expcast_multiplier(tau, dq, in.k8.descale[g * in.k8.groups + b]);
     float t = kNegInf;
     for (int j = b * 128; j < std::min(sk, b * 128 + 128); ++j)
-      if (visible(j)) t = std::max(t, acc[j] * a);
+      if (visible(j)) t = std::max(t, acc[j] * a_of(j));
     if (t == kNegInf) continue;
     if (t > m) {
       if (std::isfinite(m)) {
@@ -93,7 +97,7 @@ Row contract_row(const PreparedInputs& in, const AttentionOptions& opt, int s, i
     }
     for (int j = b * 128; j < std::min(sk, b * 128 + 128); ++j) {
       if (!visible(j)) continue;
-      const float p = e4m3_decode(expcast_code(acc[j], a, m));
+      const float p = e4m3_decode(expcast_code(acc[j], a_of(j), m));
       if (p == 0.0f) continue;
       l += p;
       for (int c = 0; c < D; ++c) A[c] += p * v8(j, c);
@@ -190,7 +194,8 @@ TEST(Int8Attention, HandComputedScoresUseTheRowScale) {
   po.qk_format = QkFormat::kInt8;
   ASSERT_TRUE(prepare_inputs(q.data(), k.data(), v.data(), qs, ks, po, &in).ok());
   EXPECT_EQ(in.q8.descale, (std::vector<float>{1.0f, 12.7f / 127.0f}));
-  EXPECT_EQ(in.k8.descale, (std::vector<float>{1.0f}));
+  // Keys 0, 1 are key group 0 (amax 127), key 2 group 1 (zeros); groups 2..7 hold no key.
+  EXPECT_EQ(in.k8.descale, (std::vector<float>{1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}));
   AttentionOptions opt;
   opt.softmax_scale = 0.01f;
   AttentionResult r;
@@ -230,7 +235,8 @@ double centered_score_error(const Problem& p, const PreparedInputs& in) {
   };
   auto kv = [&](int j, int h, int c) {
     const size_t e = (static_cast<size_t>(j) * H + h) * D + c;
-    return int8 ? in.k8.descale[static_cast<size_t>(h) * in.k8.groups + j / 128] * static_cast<double>(in.k8.codes[e])
+    return int8 ? in.k8.descale[static_cast<size_t>(h) * in.k8.groups + int8_key_descale_index(j)] *
+                      static_cast<double>(in.k8.codes[e])
                 : in.k.descale[static_cast<size_t>(h) * in.k.max_blocks + j / 128] * static_cast<double>(e4m3_decode(in.k.codes[e]));
   };
   std::vector<double> kd(static_cast<size_t>(sk) * D);
@@ -321,6 +327,23 @@ TEST(Int8Attention, SmoothingHelpsKWithLargeChannelMean) {
       EXPECT_LT(ss, 0.6 * sp);
       EXPECT_LT(os, 0.9 * op);
     }
+  }
+}
+
+// K smoothing with E4M3 Q/K (section 1): the same channel means, then E4M3 per 128-key block. A large
+// per-channel K offset costs E4M3 too; smoothing removes it.
+TEST(Int8Attention, E4M3SmoothingHelpsKWithLargeChannelMean) {
+  for (float offset : {0.0f, 6.0f}) {
+    const Problem p = normal_problem({512}, {512}, 2, 128, 19, 1.0f, offset);
+    const PreparedInputs plain = prepare(p, QkFormat::kE4M3, false);
+    const PreparedInputs smooth = prepare(p, QkFormat::kE4M3, true);
+    ASSERT_EQ(smooth.k.mean.size(), 2u * 128u);
+    EXPECT_EQ(plain.q.codes, smooth.q.codes);  // Q is never smoothed
+    const double op = output_error(p, plain, false), os = output_error(p, smooth, false);
+    std::printf("[ e4m3 smoothing ] K channel offset %.1f: output rel_l2 plain %.5f smooth %.5f (%.2fx)\n", offset, op,
+                os, os / op);
+    EXPECT_LT(os, 1.1 * op) << "offset " << offset;
+    if (offset > 0) EXPECT_LT(os, 0.9 * op);
   }
 }
 
@@ -423,10 +446,9 @@ TEST(Int8Attention, BadArgumentsNameTheArgument) {
   const Problem p = normal_problem({130}, {130}, 2, 16, 5);
   PreparedInputs in;
   PrepareOptions po;
-  po.k_smoothing = true;  // E4M3 has no smoothing
-  Status st = prepare_inputs(p.q.data(), p.k.data(), p.v.data(), p.qs, p.ks, po, &in);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("opt.k_smoothing"), std::string::npos) << st.message();
+  po.k_smoothing = true;  // E4M3 with smoothing: K means subtracted before the blocks
+  ASSERT_TRUE(prepare_inputs(p.q.data(), p.k.data(), p.v.data(), p.qs, p.ks, po, &in).ok());
+  EXPECT_EQ(in.k.mean.size(), 2u * 16u);
   po = {};
   po.qk_format = static_cast<QkFormat>(7);
   EXPECT_NE(prepare_inputs(p.q.data(), p.k.data(), p.v.data(), p.qs, p.ks, po, &in).message().find("opt.qk_format"),

@@ -1,7 +1,10 @@
 // Quantization (numerics section 1): block groups for Q/K, head groups for V, edge cases, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -183,6 +186,105 @@ TEST(Quantize, BadArgumentsNameTheArgument) {
   EXPECT_NE(quantize_blocks(nullptr, s, &q).message().find("x must not be null"), std::string::npos);
   EXPECT_NE(quantize_blocks(x.data(), s, nullptr).message().find("out must not be null"), std::string::npos);
   EXPECT_TRUE(quantize_blocks(x.data(), s, &q).ok());
+}
+
+// ---- K smoothing and key counts for E4M3 K (quantize_key_blocks) ----------------------------------
+
+// E4M3 K read directly: the spec's blocked means, k' = fl(k - mean), per-block amax over the valid keys,
+// codes e4m3(k' * scale_inv), zeros for padding.
+void expect_key_blocks(const float* x, const Sequences& s, bool smoothing, const int* counts, const BlockQuantized& k) {
+  const int H = s.num_heads, D = s.head_dim, nb = s.max_blocks();
+  ASSERT_EQ(k.max_blocks, nb);
+  ASSERT_EQ(k.descale.size(), static_cast<size_t>(s.count()) * H * nb);
+  ASSERT_EQ(k.mean.size(), smoothing ? static_cast<size_t>(s.count()) * H * D : 0u);
+  for (int b = 0; b < s.count(); ++b) {
+    const int len = s.length(b), n = counts ? std::min(std::max(counts[b], 0), len) : len;
+    for (int h = 0; h < H; ++h) {
+      const size_t g = static_cast<size_t>(b) * H + h;
+      auto at = [&](int t, int c) { return x[(static_cast<size_t>(s.cu_seqlens[b] + t) * H + h) * D + c]; };
+      std::vector<float> mean(D, 0.0f);
+      for (int c = 0; c < D && smoothing && n > 0; ++c) {
+        double total = 0;
+        for (int t0 = 0; t0 < n; t0 += 128) {
+          double bs = 0;
+          for (int t = t0; t < std::min(n, t0 + 128); ++t) bs += at(t, c);
+          total += bs;
+        }
+        mean[c] = static_cast<float>(total) / static_cast<float>(n);
+        ASSERT_EQ(std::memcmp(&mean[c], &k.mean[g * D + c], 4), 0) << "mean, head " << h << " channel " << c;
+      }
+      for (int blk = 0; blk < nb; ++blk) {
+        float amax = 0;
+        for (int t = blk * 128; t < std::min(n, blk * 128 + 128); ++t)
+          for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(at(t, c) - mean[c]));
+        float si = amax > 0 ? 448.0f / amax : 0.0f, de = amax / 448.0f;
+        if (!std::isfinite(si)) si = de = 0.0f;
+        ASSERT_EQ(std::memcmp(&k.descale[g * nb + blk], &de, 4), 0) << "sequence " << b << " head " << h << " block " << blk;
+        for (int t = blk * 128; t < std::min(len, blk * 128 + 128); ++t)
+          for (int c = 0; c < D; ++c) {
+            const uint8_t want = t < n ? e4m3_encode((at(t, c) - mean[c]) * si) : uint8_t(0);
+            ASSERT_EQ(k.codes[(static_cast<size_t>(s.cu_seqlens[b] + t) * H + h) * D + c], want)
+                << "sequence " << b << " token " << t << " head " << h << " channel " << c;
+          }
+      }
+    }
+  }
+}
+
+TEST(QuantizeKeyBlocks, WithoutSmoothingOrCountsIsQuantizeBlocks) {
+  const Sequences s = testing::packed({300, 0, 128, 5}, 2, 32);
+  const std::vector<float> x = random_tokens(s, 31, 2.0f, true);
+  BlockQuantized a, b;
+  ASSERT_TRUE(quantize_blocks(x.data(), s, &a).ok());
+  ASSERT_TRUE(quantize_key_blocks(x.data(), s, false, &b).ok());
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_EQ(a.descale, b.descale);
+  EXPECT_TRUE(b.mean.empty());
+  expect_key_blocks(x.data(), s, false, nullptr, b);
+}
+
+TEST(QuantizeKeyBlocks, SmoothingAndKeyCountsAgainstContract) {
+  const Sequences s = testing::packed({300, 0, 257, 128, 1}, 3, 64);
+  std::vector<float> x = random_tokens(s, 5, 1.5f, true);
+  for (int t = 0; t < s.total_tokens(); ++t)
+    for (int c = 0; c < 64; ++c) x[(static_cast<size_t>(t) * 3 + 2) * 64 + c] += (c % 5) * 3.0f;
+  x[(static_cast<size_t>(7) * 3 + 1) * 64 + 9] = std::numeric_limits<float>::quiet_NaN();  // sequence 0
+  x[(static_cast<size_t>(310) * 3 + 0) * 64 + 2] = std::numeric_limits<float>::infinity();  // sequence 2
+  for (int t = 300; t < 300 + 128; ++t)
+    for (int c = 0; c < 64; ++c) x[(static_cast<size_t>(t) * 3 + 1) * 64 + c] = 1e-37f * (c % 3);  // tiny
+  const int counts[5] = {290, 0, 200, 1000, -1};
+  for (bool smoothing : {false, true})
+    for (const int* kc : {static_cast<const int*>(nullptr), counts}) {
+      BlockQuantized k;
+      ASSERT_TRUE(quantize_key_blocks(x.data(), s, smoothing, &k, kc).ok());
+      expect_key_blocks(x.data(), s, smoothing, kc, k);
+      if (smoothing) {
+        EXPECT_TRUE(std::isnan(k.mean[(0 * 3 + 1) * 64 + 9]));
+        for (int t = 0; t < (kc ? 290 : 300); ++t) EXPECT_EQ(k.codes[(static_cast<size_t>(t) * 3 + 1) * 64 + 9], 0x7F);
+      }
+    }
+}
+
+// An exactly representable per-channel offset on K leaves the smoothed E4M3 codes and descales unchanged,
+// bit for bit (K multiples of 1/4 in [-4, 4], offsets multiples of 8 in [-16, 16], 256 keys: exact means).
+TEST(QuantizeKeyBlocks, SmoothingRemovesAnExactChannelOffsetBitForBit) {
+  const Sequences s = testing::packed({256, 128}, 2, 32);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> q(-16, 16);
+  std::vector<float> plain(static_cast<size_t>(s.total_tokens()) * 2 * 32), shifted(plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const int c = static_cast<int>(i % 32), h = static_cast<int>(i / 32 % 2);
+    plain[i] = 0.25f * static_cast<float>(q(rng));
+    shifted[i] = plain[i] + 8.0f * static_cast<float>((c + 3 * h) % 5 - 2);
+    ASSERT_EQ(round_to_bf16(shifted[i]), shifted[i]);
+  }
+  BlockQuantized a, b;
+  ASSERT_TRUE(quantize_key_blocks(plain.data(), s, true, &a).ok());
+  ASSERT_TRUE(quantize_key_blocks(shifted.data(), s, true, &b).ok());
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_EQ(a.descale, b.descale);
+  ASSERT_TRUE(quantize_key_blocks(shifted.data(), s, false, &b).ok());
+  EXPECT_NE(a.codes, b.codes);
 }
 
 }  // namespace
