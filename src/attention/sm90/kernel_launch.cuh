@@ -1,5 +1,5 @@
 // The launch of one kernel instantiation (mode, probe) for a plan. Included by the per-mode files under
-// instantiations/ (the library) and by the timing tool (probes).
+// translation units generated from instantiations/mode.cu.in (the library) and by the timing tool (probes).
 #pragma once
 #include "attention/sm90/kernel.cuh"
 #include "attention/sm90/launch.h"

@@ -1,7 +1,7 @@
 // Host side of the sm_90a ExpCast kernel: a launch plan (validated parameters, TMA descriptors,
 // persistent grid and the mode the call needs) and the launch of a plan on the caller's stream. No
 // allocation, no synchronization: graph-capturable. The kernel templates live in kernel_launch.cuh,
-// included only by the per-mode instantiation files (instantiations/) and the timing tool.
+// included only by the per-mode translation units (generated from instantiations/mode.cu.in) and the timing tool.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -29,7 +29,8 @@ struct LaunchPlan {
 // selects the VC mode.
 Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, LaunchPlan* plan);
 
-// The production kernel of each mode (instantiations/*.cu) and the dispatch over plan.mode.
+// The production kernel of each mode (one generated translation unit per kProductionModes entry) and the
+// dispatch over plan.mode (a compile-time search of kProductionModes).
 template <int kMode>
 Status launch_mode(const LaunchPlan& plan, cudaStream_t stream);
 Status launch_plan(const LaunchPlan& plan, cudaStream_t stream);

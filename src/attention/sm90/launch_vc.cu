@@ -1,6 +1,6 @@
 // Entry point of the VC-Attention baseline (numerics section 7) on the sm_90a kernel family: the same
 // kernel in VC mode (per-channel V descales, block means restored through each tile's row sum,
-// natural key order). The kernel instantiation is instantiations/vc.cu.
+// natural key order). The kernel instantiation is kProductionModes' kVcMode entry (mode.h).
 #include "attention/sm90/launch.h"
 #include "openvc/baselines.h"
 

@@ -1,7 +1,7 @@
 // Production modes of the sm_90a ExpCast kernel: compile-time policies of the one pipeline, combined
 // as bits. kProductionModes below is the one list of the combinations the library launches: the
-// build instantiates each entry in its own translation unit (src/CMakeLists.txt generates
-// instantiations/mode_shard.cu.in once per shard) and launch.cu's dispatch searches it at compile time.
+// build instantiates each entry in its own translation unit (src/CMakeLists.txt writes one file per
+// entry from instantiations/mode.cu.in) and launch.cu's dispatch searches it at compile time.
 // Timing probes are apart (probes.h) and never built into the library.
 #pragma once
 
