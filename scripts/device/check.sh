@@ -16,7 +16,8 @@
 #   sanitizer         compute-sanitizer memcheck and racecheck on small shapes of each kernel family
 #                     ($SANITIZER_FILTERS, space-separated gtest filters).
 #   sass              instruction counts of the attention kernel's SASS (cuobjdump).
-#   kernel-bench      openvc_bench_attention over $KERNEL_SHAPES ("S H" pairs).
+#   kernel-bench      openvc_bench_attention over $KERNEL_SHAPES ("S,H" pairs); KERNEL_BENCH_MODE=int8 also times
+#                     the INT8 kernel modes next to E4M3 in the same process.
 #   prev              the production kernel against an earlier commit's (scripts/prev_kernel.sh), paired.
 #   variants          the stage-breakdown variants, interleaved and paired (binary built with
 #                     -DOPENVC_BENCH_VARIANTS=ON), S = 73,397 at H = 7, 14, 56, $VARIANT_ROUNDS rounds.
@@ -144,7 +145,7 @@ step_kernel_bench() {
   local shapes=${KERNEL_SHAPES:-"73397,7 73397,14 73397,56 32760,40 4096,7"} rc=0
   (cpp_env
    for sh in $shapes; do   # S,H pairs
-     timeout 120 "$KERNEL_BENCH" ${sh%,*} ${sh#*,} 1 7 4 2>&1 | tee -a "$OUT/kernel-bench.log"
+     timeout 120 "$KERNEL_BENCH" ${sh%,*} ${sh#*,} 1 7 4 ${KERNEL_BENCH_MODE:-} 2>&1 | tee -a "$OUT/kernel-bench.log"
      [ "${PIPESTATUS[0]}" = 0 ] || rc=1
    done
    exit $rc)

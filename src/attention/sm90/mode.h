@@ -74,9 +74,8 @@ constexpr bool production_modes_unique() {
 static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
 
 // The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
-// (No function-local statics: they would be STB_GNU_UNIQUE symbols outside src/openvc.map's API.)
 inline std::string mode_name(int mode) {
-  const struct { int bit; const char* name; } kBits[] = {
+  constexpr struct { int bit; const char* name; } kBits[] = {   // not static: no STB_GNU_UNIQUE export
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"}};
   std::string s;
