@@ -423,7 +423,13 @@ def _every_call_class(torch, fmt, d):
     out, lse = open_vc_attn.attention(q, k, v, return_lse=True, **fmt)
     assert rel_l2(out, exact(torch, q, k, v)) < tol
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * d ** -0.5
-    assert float((lse.double() - torch.logsumexp(s, -1)).abs().max()) < 0.1   # ExpCast's row sums: a sanity bound
+    exact_lse = torch.logsumexp(s, -1)
+    # ExpCast's row sums (coarse subnormal codes, +-7% per code) move the LSE by up to ~0.15 nats on these flat
+    # rows (H200: 0.136-0.147); the INT8 mode is no worse there than the E4M3 mode on the same inputs.
+    _, lse_e4m3 = open_vc_attn.attention(q, k, v, return_lse=True)
+    err, err_e4m3 = ((x.double() - exact_lse).abs() for x in (lse, lse_e4m3))
+    assert float(err.mean()) <= float(err_e4m3.mean()) * 1.05 + 1e-3
+    assert float(err.max()) <= max(float(err_e4m3.max()) * 1.1, 0.2)
     out = open_vc_attn.attention(q, k, v, causal=True, **fmt)
     assert rel_l2(out, exact(torch, q, k, v, causal=True)) < tol
     # key padding mask = the call on the kept keys
