@@ -88,7 +88,9 @@ static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
 
 // The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
 inline std::string mode_name(int mode) {
-  static constexpr struct { int bit; const char* name; } kBits[] = {
+  // Automatic, not static: a function-local static of an inline function is an STB_GNU_UNIQUE object,
+  // which libopenvc.so would export (LibraryExports test).
+  constexpr struct { int bit; const char* name; } kBits[] = {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
       {kExp2PMode, "exp2"}};
@@ -96,7 +98,7 @@ inline std::string mode_name(int mode) {
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;
   if (mode != 0) {
-    static const char* kHex = "0123456789abcdef";
+    constexpr const char* kHex = "0123456789abcdef";
     std::string hex;
     for (unsigned u = unsigned(mode); u != 0; u >>= 4) hex.insert(hex.begin(), kHex[u & 15]);
     s += (s.empty() ? "0x" : "|0x") + hex;
