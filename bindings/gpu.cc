@@ -22,6 +22,7 @@ void register_gpu(nb::module_& m) {
 
   nb::enum_<DType>(m, "DType").value("float16", DType::kFloat16).value("bfloat16", DType::kBFloat16);
   nb::enum_<QkFormat>(m, "QkFormat").value("e4m3", QkFormat::kE4M3).value("int8", QkFormat::kInt8);
+  nb::enum_<PFormat>(m, "PFormat").value("expcast", PFormat::kExpCast).value("exp2", PFormat::kExp2);
   m.attr("INT8_KEY_GROUPS") = kInt8KeyGroups;  // INT8 K descales per 128-key block (numerics section 9)
 
   auto view = openvc_bindings::params_class<TokenTensorView>(
@@ -101,6 +102,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, total_q);
   OPENVC_FIELD(attn, AttentionParams, total_k);
   OPENVC_FIELD(attn, AttentionParams, seqused_k);
+  OPENVC_FIELD(attn, AttentionParams, p_format);
   OPENVC_FIELD(attn, AttentionParams, out_dtype);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",

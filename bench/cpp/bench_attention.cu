@@ -199,9 +199,14 @@ int main(int argc, char** argv) {
     ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
     openvc::AttentionParams apc = ap, ap8c = ap8;
     apc.causal = ap8c.causal = true;
+    // INT8 + P format exp2 (numerics "P format", kExp2PMode): the same codes, dense and causal.
+    openvc::AttentionParams ap8x = ap8, ap8xc = ap8c;
+    ap8x.p_format = ap8xc.p_format = openvc::PFormat::kExp2;
     CHECK_OK(openvc::prepare_fp8(pp8, s));
     CHECK_OK(openvc::attention_fp8(ap8, s));
     CHECK_OK(openvc::attention_fp8(ap8c, s));
+    CHECK_OK(openvc::attention_fp8(ap8x, s));
+    CHECK_OK(openvc::attention_fp8(ap8xc, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
     const double flop_causal = flop / 2;   // the visible half (S = Sq = Sk)
     for (int r = 0; r < 3; ++r) {
@@ -213,10 +218,15 @@ int main(int argc, char** argv) {
       }, s, rounds, reps);
       const float e4c = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(apc, s)); }, s, rounds, reps);
       const float i8c = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8c, s)); }, s, rounds, reps);
+      const float x8 = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8x, s)); }, s, rounds, reps);
+      const float x8c = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap8xc, s)); }, s, rounds, reps);
       std::printf("  int8 round %d: dense attention e4m3 %.1f TFLOP/s, int8 %.1f TFLOP/s (int8/e4m3 %.3f); int8 "
                   "complete %.1f TFLOP/s | causal e4m3 %.1f, int8 %.1f TFLOP/s (int8/e4m3 %.3f)\n",
                   r, flop / e4 * 1e-9, flop / i8 * 1e-9, e4 / i8, flop / i8_full * 1e-9, flop_causal / e4c * 1e-9,
                   flop_causal / i8c * 1e-9, e4c / i8c);
+      std::printf("  int8+exp2 round %d: dense %.1f TFLOP/s (exp2/expcast %.3f, exp2/e4m3 %.3f) | causal %.1f TFLOP/s "
+                  "(exp2/expcast %.3f, exp2/e4m3 %.3f)\n",
+                  r, flop / x8 * 1e-9, i8 / x8, e4 / x8, flop_causal / x8c * 1e-9, i8c / x8c, e4c / x8c);
     }
 #ifdef OPENVC_BENCH_VARIANTS
     // The INT8 score conversion: production (IADD + FADD, exact) against I2FP.F32.S32 (probe

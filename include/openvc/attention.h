@@ -19,6 +19,10 @@ enum class QkFormat { kE4M3, kInt8 };
 // INT8 K key groups per 128-key block (numerics section 9): key j (c = j mod 128) is in group
 // ((c mod 8) / 2) + 4 * (c / 64), the keys one thread of a wgmma row quad holds.
 inline constexpr int kInt8KeyGroups = 8;
+// P format (numerics "P format"): ExpCast's linear codes (section 3, the default) or exp2, the E4M3
+// rounding (satfinite) of an exact exponential, p = e4m3(2^(acc * a/8 + 8 - M/8)) (ex2.approx on the
+// device). kExp2 takes INT8 Q/K only (every fast call form); E4M3 Q/K, repair rows and VC mode: Unsupported.
+enum class PFormat { kExpCast, kExp2 };
 
 inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile
 inline constexpr int kHeadDim = 128;         // default head dim (the sm_90a fast path takes 128 and 64)
@@ -165,6 +169,9 @@ struct AttentionParams {
   int num_seqs = 0, max_seqlen_q = 0, max_seqlen_k = 0;  // packed: host bounds (> 0) of every length
   int64_t total_q = -1, total_k = -1;  // packed: token rows of q_codes / k_codes (required)
   const int* seqused_k = nullptr;      // optional int32 device [batch or num_seqs] key counts
+  // P format (see PFormat): kExp2 needs in.qk_format kInt8. Last, so that positional initializers of the
+  // fields above stay valid.
+  PFormat p_format = PFormat::kExpCast;
 };
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
 

@@ -121,6 +121,16 @@ float expcast_multiplier(float softmax_scale, float descale_q, float descale_k);
 // A NaN or -inf x gives code 0 (the kernel's relu conversion does the same).
 uint8_t expcast_code(float acc, float a, float row_max);
 
+// ---- P format (numerics "P format") ---------------------------------------------------------------
+// kExpCast: expcast_code above (the default). kExp2: the E4M3 rounding of an exact exponential,
+//   x = fmaf(acc, a * 0.125f, 8.0f - row_max * 0.125f);  code = e4m3_encode((float)exp2((double)x))
+// (a/8 and row_max/8 exact; 8 - row_max/8 one FP32 rounding; e4m3_encode saturates to 448: huge x and
+// +inf give 0x7E, -inf gives 0, NaN gives 0x7F). At the row max x = 8 (p = 256 = 0x78, as ExpCast's
+// code 120), so l, rescale and LSE are unchanged. The GPU kernel runs kExp2 with INT8 Q/K only and
+// evaluates 2^x with ex2.approx (at most one code apart near an E4M3 rounding boundary).
+enum class PFormat { kExpCast, kExp2 };
+uint8_t exp2_code(float acc, float a, float row_max);
+
 // ---- Section 5: traversal -----------------------------------------------------------------------
 inline constexpr int kNaturalOrder = -1;  // mid_window_blocks value meaning "visit 0..n-1"
 // Key blocks in visiting order for a query tile whose diagonal block is `diag` among `n` blocks.
@@ -140,6 +150,10 @@ struct AttentionOptions {
   int key_tile = 128;           // must equal kQuantBlock in this version
   int mid_window_blocks = 4;    // kNaturalOrder for natural order
   bool causal = false;          // key j > query i (aligned to the end when Sq != Sk) is masked
+  // P format of every code (original and repair keys): expcast_code or exp2_code (section "P format");
+  // either Q/K format (the GPU kernel takes kExp2 with INT8 only). Last, so that positional
+  // initializers of the fields above stay valid.
+  PFormat p_format = PFormat::kExpCast;
 };
 
 // Repair rows of section 6, per (sequence, head): the selected token indices (largest residual

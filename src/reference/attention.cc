@@ -106,6 +106,10 @@ Status check_options(const AttentionOptions& opt) {
     return Status::Invalid("opt.mid_window_blocks: must be >= 0 or kNaturalOrder (-1), got " +
                            std::to_string(opt.mid_window_blocks));
   }
+  if (opt.p_format != PFormat::kExpCast && opt.p_format != PFormat::kExp2) {
+    return Status::Invalid("opt.p_format: expected PFormat::kExpCast or PFormat::kExp2, got " +
+                           std::to_string(static_cast<int>(opt.p_format)));
+  }
   if (!std::isfinite(opt.softmax_scale)) {
     return Status::Invalid("opt.softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(opt.softmax_scale));
@@ -158,6 +162,9 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
 
   float decode_table[256];
   for (int c = 0; c < 256; ++c) decode_table[c] = e4m3_decode(static_cast<uint8_t>(c));
+  // The P format's code of a score (section "P format"): ExpCast or the E4M3 rounding of exp2.
+  const bool exp2_p = opt.p_format == PFormat::kExp2;
+  auto code_of = [exp2_p](float acc, float a, float m) { return exp2_p ? exp2_code(acc, a, m) : expcast_code(acc, a, m); };
 
   const int n = static_cast<int>((sk + bt - 1) / bt);
   int64_t rescales = 0;
@@ -212,7 +219,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         pv_p.clear();
         pv_v.clear();
         for (int64_t j = j0; j < jv; ++j) {
-          const float p = decode_table[expcast_code(acc[j - j0], a_of(j), st.m)];
+          const float p = decode_table[code_of(acc[j - j0], a_of(j), st.m)];
           if (p == 0.0f) continue;
           st.l += p;  // the same decoded value that weights V below
           pv_p.push_back(p);
@@ -243,7 +250,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         if (internal::key_masked(i, t, sq, sk, opt.causal)) continue;
         RowState& st = rows[r];
         const float a = expcast_multiplier(tau, dq[i / q_group], dk[k_index(t)]);
-        const float p = decode_table[expcast_code(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
+        const float p = decode_table[code_of(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
         if (p == 0.0f) continue;
         const double* rt = &R[static_cast<size_t>(k) * D];
         for (int c = 0; c < D; ++c) st.A[c] += p * rt[c];

@@ -32,6 +32,13 @@ uint8_t expcast_code(float acc, float a, float row_max) {
   return static_cast<uint8_t>(c);
 }
 
+uint8_t exp2_code(float acc, float a, float row_max) {
+  // a * 0.125f and row_max * 0.125f are exact (power-of-two scalings); the addend is one FP32
+  // subtraction, then one FMA, as the kernel's (scaled by 2^21 there, exact as well).
+  const float x = std::fmaf(acc, a * 0.125f, 8.0f - row_max * 0.125f);
+  return e4m3_encode(static_cast<float>(std::exp2(static_cast<double>(x))));
+}
+
 // Invalid arguments (n < 1, diag < 0, mid_window_blocks < -1) give an empty order: there is no
 // Status to return, and an empty list can never be mistaken for a traversal of n >= 1 blocks.
 std::vector<int> key_block_order(int diag, int n, int mid_window_blocks) {

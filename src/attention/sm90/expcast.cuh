@@ -75,6 +75,30 @@ __device__ __forceinline__ uint32_t pack_codes(uint32_t h01, uint32_t h23) {
   return __byte_perm(h01, h23, 0x6420);
 }
 
+// ---- P format exp2 (kExp2PMode, numerics "P format") ------------------------------------------------
+// Per score y = acc * a/8 + (8 - M/8) (one FFMA; a/8 = a' * 2^21 and M/8 = M' * 2^21 exactly), then
+// p = 2^y on the MUFU unit (ex2.approx.ftz: ~2 ulp, -inf -> +0, NaN -> NaN) and the E4M3 code by
+// round-to-nearest-even with saturation to 448 (NaN -> 0x7F). PTX cvt.rn.satfinite.e4m3x2.f32 d, a, b
+// puts a's code in d[15:8] and b's in d[7:0]: the second operand is the first score, so the low byte
+// holds y0's code, as the low f16 half holds s0's code in expcast_pair.
+// Two scores' exponents -> a 32-bit register whose low 16 bits hold the codes {y0, y1}, upper half 0.
+__device__ __forceinline__ uint32_t exp2_pair(float y0, float y1) {
+  uint32_t r;
+  asm("{\n\t.reg .f32 p0, p1;\n\t.reg .b16 c;\n\t"
+      "ex2.approx.ftz.f32 p0, %1;\n\tex2.approx.ftz.f32 p1, %2;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 c, p1, p0;\n\tcvt.u32.u16 %0, c;\n\t}"
+      : "=r"(r) : "f"(y0), "f"(y1));
+  return r;
+}
+// Two exp2_pair results -> four codes {lo0, lo1, hi0, hi1} in one register (pack_codes' byte order).
+__device__ __forceinline__ uint32_t pack_code_pairs(uint32_t lo, uint32_t hi) { return __byte_perm(lo, hi, 0x5410); }
+
+// Scalar exp2-format code in unscaled units (the reference's exp2_code signature), for the tests.
+__device__ __forceinline__ uint8_t exp2_code(float acc, float a, float row_max) {
+  const float y = fmaf(acc, a * 0.125f, 8.0f - row_max * 0.125f);
+  return static_cast<uint8_t>(exp2_pair(y, y) & 0xFFu);
+}
+
 // Scalar form in unscaled units (the reference's signature), for the bit-exactness test.
 // The kernel takes the clipped form when the row max is huge; both give the reference's byte.
 __device__ __forceinline__ uint8_t expcast_code(float acc, float a, float row_max) {

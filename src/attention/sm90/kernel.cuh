@@ -47,6 +47,8 @@ struct alignas(1024) SharedStorage {
                 "INT8 Q/K combines with causal, varlen and head dim 64, not with repair or VC");
   static_assert(!has_mode<kMode>(kHeadDim64Mode) || !has_mode<kMode>(Mode(kVcMode | kRepairMode)),
                 "repair and VC modes are built for head dim 128 only");
+  static_assert(!has_mode<kMode>(kExp2PMode) || has_mode<kMode>(kInt8QkMode),
+                "the exp2 P format is built for INT8 Q/K only (not with repair or VC)");
 };
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -266,6 +268,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kVc = has_mode<kMode>(kVcMode);
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
   constexpr bool kInt8 = has_mode<kMode>(kInt8QkMode);
+  constexpr bool kExp2 = has_mode<kMode>(kExp2PMode);   // P format exp2 (INT8 only)
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -324,7 +327,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       float t_lo, t_hi;
       tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
       update_max<kCausal>(st, t_lo, t_hi, false);
-      convert_step<kProbe>(st, s, a, mask, t, true, clip);
+      convert_step<kProbe, true, kExp2>(st, s, a, mask, t, true, clip);
     }
     RingState<C::kStages> prev = ring;
     ring.advance();
@@ -381,7 +384,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
       update_max<kCausal>(st, t_lo, t_hi, !flush);
-      convert_step<kProbe, kMaybePartial>(st, s, a, mask, t, false, clip);
+      convert_step<kProbe, kMaybePartial, kExp2>(st, s, a, mask, t, false, clip);
       prev = ring;
       ring.advance();
     };

@@ -105,6 +105,13 @@ Status validate_form(const AttentionParams& p, bool vc) {
   const bool varlen = sh.packed || p.seqused_k != nullptr;
   if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)
     return Status::Invalid("in.qk_format must be kE4M3 or kInt8");
+  if (p.p_format != PFormat::kExpCast && p.p_format != PFormat::kExp2)
+    return Status::Invalid("p_format must be kExpCast or kExp2, got " + str(int(p.p_format)));
+  if (p.p_format == PFormat::kExp2 && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string("p_format kExp2: ") + (vc ? "the VC mode" : "repair rows") +
+                               " take the ExpCast P format only");
+  if (p.p_format == PFormat::kExp2 && in.qk_format != QkFormat::kInt8)
+    return Status::Unsupported("p_format kExp2 needs in.qk_format kInt8 (E4M3 Q/K take the ExpCast P format only)");
   if (in.qk_format == QkFormat::kInt8 && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string("in.qk_format kInt8: ") + (vc ? "the VC mode" : "repair rows") +
                                " take E4M3 Q/K only (kInt8 runs dense, causal, cu_seqlens and seqused_k calls)");
@@ -282,7 +289,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
            : rep.rows > 0 ? kRepairMode
            : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode) |
                  (d == 64 ? kHeadDim64Mode : kPlainMode) |
-                 (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode);
+                 (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode) |
+                 (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode);
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);

@@ -34,6 +34,11 @@ enum Mode : int {
   // per key block (key groups), so each thread carries a multiplier per row and per half of the tile.
   // Combines with causal, varlen and head dim 64 (not with repair or VC).
   kInt8QkMode = 32,
+  // P format exp2 (p_format exp2, numerics "P format"): codes are E4M3 roundings of an exact exponential,
+  // p = e4m3_satfinite(2^(acc * a/8 + 8 - M/8)) (FFMA, MUFU.EX2, half an F2FP per score) instead of
+  // ExpCast's linear code. The same registers, key order, max, masks, rescale and [V|1] row sums.
+  // INT8 only (with causal, varlen and head dim 64; not with repair or VC).
+  kExp2PMode = 64,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -57,6 +62,14 @@ inline constexpr int kProductionModes[] = {
     kInt8QkMode | kHeadDim64Mode | kCausalMode,
     kInt8QkMode | kHeadDim64Mode | kVarlenMode,
     kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
+    kExp2PMode | kInt8QkMode,
+    kExp2PMode | kInt8QkMode | kCausalMode,
+    kExp2PMode | kInt8QkMode | kVarlenMode,
+    kExp2PMode | kInt8QkMode | kVarlenMode | kCausalMode,
+    kExp2PMode | kInt8QkMode | kHeadDim64Mode,
+    kExp2PMode | kInt8QkMode | kHeadDim64Mode | kCausalMode,
+    kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -75,14 +88,17 @@ static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
 
 // The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
 inline std::string mode_name(int mode) {
-  constexpr struct { int bit; const char* name; } kBits[] = {   // not static: no STB_GNU_UNIQUE export
+  // Automatic, not static: a function-local static of an inline function is an STB_GNU_UNIQUE object,
+  // which libopenvc.so would export (LibraryExports test).
+  constexpr struct { int bit; const char* name; } kBits[] = {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
-      {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"}};
+      {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
+      {kExp2PMode, "exp2"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;
   if (mode != 0) {
-    const char* kHex = "0123456789abcdef";
+    constexpr const char* kHex = "0123456789abcdef";
     std::string hex;
     for (unsigned u = unsigned(mode); u != 0; u >>= 4) hex.insert(hex.begin(), kHex[u & 15]);
     s += (s.empty() ? "0x" : "|0x") + hex;

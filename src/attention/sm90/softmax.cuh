@@ -233,6 +233,26 @@ __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_
   }
 }
 
+// P format exp2 (kExp2PMode, INT8 only): the same registers and key order as convert_tile, with
+// codes e4m3(2^(acc * a2 + b2)) (exp2_pair): a2 = a' * 2^21 per row and half, b2 = 8 - M' * 2^21 per row.
+// Satfinite keeps every code finite (<= 448; at most 256 where x <= 8), so no clipped variant.
+template <bool kI2F = false>
+__device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult a, float b_lo, float b_hi,
+                                                  uint32_t (&p)[16]) {
+  auto pair = [](float s0, float s1, float a_, float b_) {
+    return exp2_pair(fmaf(int8_score<kI2F>(s0), a_, b_), fmaf(int8_score<kI2F>(s1), a_, b_));
+  };
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const float a_lo = kb < 2 ? a.lo0 : a.lo1, a_hi = kb < 2 ? a.hi0 : a.hi1;
+    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+    p[4 * kb + 0] = pack_code_pairs(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
+    p[4 * kb + 1] = pack_code_pairs(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
+    p[4 * kb + 2] = pack_code_pairs(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
+    p[4 * kb + 3] = pack_code_pairs(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
+  }
+}
+
 // Codes of a repair tile against the final max: the same FMA with each key's own multiplier
 // qscale * descale_k (kd: the tile's 128 per-row descales), then padded rows cleared.
 __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float qscale, const float* kd, int valid,
@@ -298,10 +318,21 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockM
 // clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
 // (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
 // Such tiles send every block through the general step, so the steady-state loop has no trace of it.
-template <int kProbe, bool kMaybePartial = true, int kD, typename A>
+// kExp2 (kExp2PMode, INT8 only): the exp2 P format (convert_tile_exp2); clip changes nothing there (satfinite),
+// it only sends the tile's blocks through the general step, as for ExpCast.
+template <int kProbe, bool kMaybePartial = true, bool kExp2 = false, int kD, typename A>
 __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], A a, const BlockMask& mask,
                                              int t, bool first, bool clip) {
   if ((kProbe & kSkipConvert) && !first) return;
+  if constexpr (kExp2) {
+    static_assert(std::is_same_v<A, QuadMult>, "the exp2 P format takes INT8 Q/K only");
+    // a/8 and M/8 in the scaled domain: a' * 2^21, M' * 2^21 (exact); b2 = 8 - M/8, one rounding.
+    const QuadMult a2 = a * kMaxToLog2;
+    const float b_lo = 8.0f - st.m_lo * kMaxToLog2, b_hi = 8.0f - st.m_hi * kMaxToLog2;
+    convert_tile_exp2<(kProbe & kInt8ConvertI2F) != 0>(s, a2, b_lo, b_hi, st.p);
+    if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
+    return;
+  }
   const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
   constexpr bool kI2F = (kProbe & kInt8ConvertI2F) != 0;
   if (kMaybePartial && clip)
