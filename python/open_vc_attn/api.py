@@ -269,10 +269,10 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
+    _checks.p_format(pfmt, _checks.qk_format(prepared.qk_format, "prepared.qk_format"), "prepared.qk_format")
     meta = _checks.check_prepared_fp8(prepared, allow_varlen=True)
     reason = _checks.general_path_reason(meta["head_dim"], meta["seqlen_q"], meta["seqlen_k"])
     _checks.require_fast_path(meta["qk_format"], reason, "prepared.qk_format")
-    _checks.p_format(pfmt, meta["qk_format"], "prepared.qk_format")
     varlen = ((prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"], meta["seqlen_k"])
               if prepared.is_varlen else None)
     return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal, varlen,
