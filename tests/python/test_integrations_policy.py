@@ -252,7 +252,8 @@ def test_policy_p_format_is_validated():
 def test_openvc_reason_names_the_format():
     """The reason of an openvc call is the format ("" for the default): what the integrations' stats show."""
     labels = {("e4m3", False, "expcast"): "", ("int8", False, "expcast"): "qk_format=int8",
-              ("int8", True, "expcast"): "qk_format=int8, k_smoothing", ("e4m3", True, "expcast"): "qk_format=e4m3, k_smoothing",
+              ("int8", True, "expcast"): "qk_format=int8, k_smoothing",
+              ("e4m3", True, "expcast"): "qk_format=e4m3, k_smoothing",
               ("int8", True, "exp2"): "qk_format=int8, k_smoothing, p_format=exp2",
               ("int8", False, "exp2"): "qk_format=int8, p_format=exp2"}
     q, k, v, cu = packed()

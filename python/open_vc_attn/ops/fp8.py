@@ -43,7 +43,8 @@ _PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, T
                           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                      "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse, "
-                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\", str p_format=\"expcast\") -> (Tensor, Tensor)")
+                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\", str p_format=\"expcast\") "
+                     "-> (Tensor, Tensor)")
 # attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
 _SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                     "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
