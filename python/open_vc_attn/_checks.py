@@ -13,7 +13,7 @@ import math
 import numbers
 
 from ._layout import (FAST_HEAD_DIMS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
-                      PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
+                      P_FORMATS, PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
                       varlen_expectations)
 
 
@@ -46,6 +46,30 @@ def qk_format(x, name="qk_format") -> str:
 
 def k_smoothing(x, name="k_smoothing") -> bool:
     return bool_arg(x, name)
+
+
+# ---- P format (p_format): the one home of its rules ----------------------------------------------------------
+
+def p_format(x, fmt=None, qk_name="qk_format", name="p_format") -> str:
+    """p_format: "expcast" (ExpCast's linear code, the default) or "exp2" (E4M3 RNE of an exact exponential,
+    docs/numerics.md "P format"); anything else raises ValueError naming it. fmt: the call's Q/K format (checked),
+    or None to check the value only: "exp2" is implemented for INT8 Q/K only, so with fmt != "int8" it raises
+    ValueError naming p_format and the Q/K format (qk_name: the argument that holds it)."""
+    if not isinstance(x, str) or x not in P_FORMATS:
+        got = repr(x) if isinstance(x, str) else f"{x!r} ({type(x).__name__})"
+        raise ValueError(f"{name}: expected one of {list(P_FORMATS)}, got {got}")
+    if fmt is not None and x == "exp2" and fmt != "int8":
+        raise ValueError(f"{name}: 'exp2' (P as E4M3 of an exact exponential) is implemented for INT8 Q/K only "
+                         f"(every fast-path call with qk_format='int8'), got {qk_name}={fmt!r}; use "
+                         f"p_format='expcast' or qk_format='int8'")
+    return x
+
+
+def require_expcast(p_fmt, what, name="p_format"):
+    """Paths that compute P with ExpCast only (the general path, V residual repair, the VC baseline):
+    ValueError naming `name` for any other P format."""
+    if p_fmt != "expcast":
+        raise ValueError(f"{name}: {what} takes p_format='expcast' only, got {p_fmt!r}")
 
 
 def general_path_reason(d, sq, sk):
@@ -451,10 +475,11 @@ def check_rank4_tokens(op, q, k, v):
     check_tokens(q, k, v)
 
 
-def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False, fmt="e4m3"):
+def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False, fmt="e4m3", p_fmt="expcast"):
     """open_vc_attn::attention_fp8 (head_dim 128 or 64) and its repair variant (head_dim 128): a batched
-    preparation in the layouts of qk_format fmt (INT8: within the fast path's range)."""
+    preparation in the layouts of qk_format fmt (INT8: within the fast path's range), P format p_fmt."""
     fmt = qk_format(fmt)
+    p_format(p_fmt, fmt)
     b, sq, sk, h, d = check_fp8_tensors(tensors, "", None, fmt)
     if repair and d != KERNEL_HEAD_DIM:
         raise ValueError(f"q_codes: open_vc_attn::attention_fp8_repair supports head_dim {KERNEL_HEAD_DIM} only, "
@@ -506,13 +531,16 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
 
 
 def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False,
-                          fmt="e4m3"):
-    """open_vc_attn::attention_general (E4M3 only), and attention_fp8_full (fast: no grid limit; E4M3 or
-    INT8 in the layouts of qk_format fmt); returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
-    (N, total_q, total_k, H, D) packed."""
+                          fmt="e4m3", p_fmt="expcast"):
+    """open_vc_attn::attention_general (E4M3 and ExpCast only), and attention_fp8_full (fast: no grid limit;
+    E4M3 or INT8 in the layouts of qk_format fmt, P format p_fmt); returns (packed, sizes): sizes (B, Sq, Sk, H,
+    D) batched, (N, total_q, total_k, H, D) packed."""
     fmt = qk_format(fmt)
+    p_format(p_fmt)
     if not fast:
         require_e4m3(fmt, "the general path (open_vc_attn::attention_general)")
+        require_expcast(p_fmt, "the general path (open_vc_attn::attention_general)")
+    p_format(p_fmt, fmt)
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is None and cu_k is None:
         sizes = check_fp8_tensors(tensors, "", None, fmt)

@@ -4,7 +4,8 @@ The constants that the C++ library defines are mirrored here and checked against
 exports by tests/python/test_package_structure.py (one source of truth, verified):
 ``DEFAULT_MID_WINDOW_BLOCKS`` (``openvc::AttentionParams{}.mid_window_blocks``, the default key traversal
 of every Python function), ``PACKED_KEY_ORDER`` (``openvc::kPackedKeyOrder``), ``NATURAL_ORDER``,
-``QUANT_BLOCK`` and ``INT8_KEY_GROUPS`` (``openvc::kInt8KeyGroups``). They are not read from the
+``QUANT_BLOCK``, ``INT8_KEY_GROUPS`` (``openvc::kInt8KeyGroups``) and the enum names ``QK_FORMATS`` and
+``P_FORMATS`` (``_openvc_ext.QkFormat``, ``_openvc_ext.PFormat``). They are not read from the
 extension at import: ``import open_vc_attn`` stays cheap and must work where the extension is not built.
 """
 from __future__ import annotations
@@ -15,6 +16,9 @@ PACKED_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)  # ope
 QUANT_BLOCK = 128              # tokens per Q/K descale group and per packed-V padding unit (openvc::kQuantBlock)
 INT8_KEY_GROUPS = 8            # INT8 K descale groups per 128-key block, 16 keys each (openvc::kInt8KeyGroups)
 QK_FORMATS = ("e4m3", "int8")  # Q/K code formats (openvc::QkFormat kE4M3, kInt8; _openvc_ext.QkFormat.e4m3 / .int8)
+# P formats (openvc::PFormat kExpCast, kExp2; _openvc_ext.PFormat.expcast / .exp2): ExpCast's linear code (the
+# default) or E4M3 RNE of an exact exponential ("exp2", INT8 Q/K only; docs/numerics.md, "P format").
+P_FORMATS = ("expcast", "exp2")
 KERNEL_HEAD_DIM = 128          # the only head dim of the repair path and the VC baseline
 FAST_HEAD_DIMS = (128, 64)     # the sm_90a fast path (dense, causal, packed sequences, key counts)
 PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8

@@ -141,22 +141,26 @@ def _attend(tensors, rank, scale, want_lse):
     return (out, lse) if want_lse else out
 
 
-def attention_vc(prepared, *, softmax_scale=None, return_lse=False):
+def attention_vc(prepared, *, softmax_scale=None, return_lse=False, p_format="expcast"):
     """VC-Attention on a :class:`PreparedVC`: ExpCast in natural key order, the block means restored through
     each key block's probability row sum. Returns out, bfloat16 in q's shape; with return_lse, (out, lse),
     lse float32 natural-log [B, H, Sq] ([H, Sq] for rank-3 inputs). The output is in the queries' original
-    order (only the keys are permuted)."""
+    order (only the keys are permuted). p_format: "expcast" only ("exp2" raises ValueError naming p_format)."""
+    _checks.require_expcast(_checks.p_format(p_format), "the VC baseline")
     scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
     meta = _check_prepared(prepared)
     return _attend(prepared.tensors(), meta["input_rank"], scale, want_lse)
 
 
-def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=False, qk_format="e4m3"):
+def vc_attention(q, k, v, *, permutation=None, softmax_scale=None, return_lse=False, qk_format="e4m3",
+                 p_format="expcast"):
     """:func:`prepare_vc` then :func:`attention_vc` (same arguments and results): group (unless a
     permutation or PreparedVC is given), prepare, attend. The intermediates are freed on return. Goes
     through the ops directly (no PreparedVC object), so ``torch.compile(fullgraph=True)`` traces it.
-    qk_format: "e4m3" only ("int8" raises ValueError naming qk_format)."""
+    qk_format: "e4m3" only ("int8" raises ValueError naming qk_format); p_format: "expcast" only ("exp2" raises
+    ValueError naming p_format)."""
     _checks.require_e4m3(_checks.qk_format(qk_format), "the VC baseline")
+    _checks.require_expcast(_checks.p_format(p_format), "the VC baseline")
     scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
     q4, k4, v4, rank = _checks_baselines.check_vc_qkv(q, k, v)
     perm = _permutation4(permutation, k4, rank)

@@ -204,7 +204,7 @@ def _no_timer(name):
 
 
 def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all, timer=None,
-             qk_format="e4m3", k_smoothing=False):
+             qk_format="e4m3", k_smoothing=False, p_format="expcast"):
     """ulysses_attention; ``timer(name)`` (a context manager, e.g. one recording CUDA events) brackets the
     phases "quantize", "all_to_all", "pack" and "attention" (scripts/device/ulysses_multi_gpu.py)."""
     dist = _dist()
@@ -213,6 +213,7 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
     _checks.mid_window(mid_window_blocks)
     _checks.return_lse(return_lse)
     fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
+    pfmt = _checks.p_format(p_format, fmt)
     if not isinstance(fp8_all_to_all, bool):
         raise TypeError(f"fp8_all_to_all: expected a bool, got {type(fp8_all_to_all).__name__}")
     if fp8_all_to_all and smooth:
@@ -221,7 +222,7 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
     world, me = _group_info(group)
     q4, k4, v4, rank = _check_args(q, k, v, world, fp8_all_to_all)
     opts = dict(softmax_scale=None if scale == 0.0 else scale, mid_window_blocks=mid_window_blocks,
-                return_lse=return_lse)
+                return_lse=return_lse, p_format=pfmt)
 
     if not fp8_all_to_all:
         with timer("all_to_all"):
@@ -258,7 +259,7 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
 
 
 def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
-                      return_lse=False, fp8_all_to_all=False, qk_format="e4m3", k_smoothing=False):
+                      return_lse=False, fp8_all_to_all=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
     """Ulysses sequence-parallel openvc attention over the ``torch.distributed`` group ``group``
     (None: the default group) of N ranks; every rank of the group must call it with the same shapes.
 
@@ -283,7 +284,9 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
     per (sequence, head), over the whole sequence). With fp8_all_to_all=True, qk_format="int8" quantizes
     Q and K to INT8 on the shard (per-row Q descales and per-16-key-group K descales travel in their own
     all-to-alls, the same bytes as on one GPU); k_smoothing=True is not taken there (the channel means span
-    the whole sequence): ValueError naming k_smoothing, before any collective.
+    the whole sequence): ValueError naming k_smoothing, before any collective. p_format: as for
+    :func:`open_vc_attn.attention` ("exp2" needs qk_format="int8"; checked before any collective), passed to the
+    attention on the gathered heads either way.
 
     Returns out, bfloat16 ``[B, S/N, H, D]`` (q's shape), or with return_lse ``(out, lse)`` where lse is
     the float32 natural-log LSE of this rank's heads over the whole query sequence, ``[B, H/N, S]``
@@ -291,19 +294,20 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
     ``r*H/N ..`` of ``open_vc_attn.attention(..., return_lse=True)`` on the full inputs.
     """
     return _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_all_to_all,
-                    qk_format=qk_format, k_smoothing=k_smoothing)
+                    qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
 # ---- partial attentions and their merge ------------------------------------------------------------------
 
 def attention_with_lse(q, k, v, *, softmax_scale=None, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
-                       qk_format="e4m3", k_smoothing=False):
+                       qk_format="e4m3", k_smoothing=False, p_format="expcast"):
     """:func:`open_vc_attn.attention` with ``return_lse=True``: ``(out, lse)``, out bfloat16 in q's shape,
     lse float32 ``[B, H, Sq]`` (``[H, Sq]`` for a rank-3 q), natural log. k, v may be any subset of the keys
     (Sq != Sk is supported); merge partial results with :func:`merge_attention_states`. qk_format and
-    k_smoothing as for :func:`open_vc_attn.attention` (K smoothing then uses each part's own key means)."""
+    k_smoothing as for :func:`open_vc_attn.attention` (K smoothing then uses each part's own key means), and
+    p_format too."""
     return api.attention(q, k, v, softmax_scale=softmax_scale, mid_window_blocks=mid_window_blocks,
-                          return_lse=True, qk_format=qk_format, k_smoothing=k_smoothing)
+                          return_lse=True, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
 def merge_attention_states(out_a, lse_a, out_b, lse_b):

@@ -124,14 +124,17 @@ def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None
     return PreparedRepair(prepared, budget, selection, rows, tokens, rk, rkd, rv)
 
 
-def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, softmax_scale=None, return_lse=False):
+def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, softmax_scale=None, return_lse=False,
+                       p_format="expcast"):
     """ExpCast FP8 attention with V residual repair (sections 2-6): the original keys as in
     :func:`open_vc_attn.attention_fp8`, then the repair rows, which add to the numerator only.
 
     prepared: a :class:`PreparedRepair` (of an E4M3 preparation: INT8 raises ValueError naming
     prepared.qk_format). Same arguments and results as :func:`open_vc_attn.attention_fp8`; with rows == 0
-    this is exactly that function.
+    this is exactly that function. p_format: "expcast" only (the repair path computes P with ExpCast): "exp2"
+    raises ValueError naming p_format.
     """
+    _checks.require_expcast(_checks.p_format(p_format), "V residual repair")
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse = _checks.return_lse(return_lse)
     _checks.require_instance(prepared, PreparedRepair, "prepared",

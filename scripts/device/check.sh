@@ -47,7 +47,8 @@
 #                     builds in the background under /tmp/w, logs $OUT/anchor-*.log) and sets PYTHONPATH for the
 #                     later steps (/tmp/w/fa/hopper, /tmp/w/sage). On a warm machine a later call starts nothing new.
 #   modes-int8        python -m open_vc_attn.bench.modes --cases int8 (issue 25's shapes: openvc e4m3 / int8 /
-#                     int8+smooth, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS rounds, default 7).
+#                     int8+smooth / int8+smooth+exp2, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS
+#                     rounds, default 7).
 #   qk-tradeoff       python -m open_vc_attn.bench.qk_tradeoff: error vs speed of the Q/K formats and the peers,
 #                     $OUT/qk_tradeoff.{json,md,png} ($QK_TRADEOFF_ARGS appended, e.g. "--seeds 0,1,2").
 #                     Both wait for the anchors' builds first (at most $ANCHOR_WAIT_S s, default 420) and say

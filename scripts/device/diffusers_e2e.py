@@ -216,8 +216,9 @@ def fast_path_stand_in(torch, ovd, ovp):
     the path they take on the GPU and the openvc branch of the integration (mask and scale passing) runs."""
     saved = ovp._device_reason, ovd._fast_attention
 
-    def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False):
-        # (the stand-in computes FP32 SDPA whatever the policy's Q/K format)
+    def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
+                 p_format="expcast"):
+        # (the stand-in computes FP32 SDPA whatever the policy's Q/K and P formats)
         if q.device.type == "meta":
             out = torch.empty_like(q)
         else:
@@ -349,6 +350,8 @@ def parse_args(argv):
     p.add_argument("--qk-format", default=None, choices=("e4m3", "int8"),
                    help="the policy's qk_format (default: the default policy's, e4m3)")
     p.add_argument("--k-smoothing", action="store_true", help="the policy's k_smoothing")
+    p.add_argument("--p-format", default=None, choices=("expcast", "exp2"),
+                   help="the policy's p_format (default: expcast; exp2 needs --qk-format int8)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny configs, kernel stand-in (checks the diffusers API and routing)")
     p.add_argument("--shapes-only", action="store_true",
@@ -388,9 +391,9 @@ def main(argv=None):
         # tiny calls: 100-token thresholds stand for the defaults, so that joint attention (204 tokens) is taken
         # and text cross-attention (12 keys) is not, as at the real sizes
         policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, min_query_tokens=100, min_key_tokens=100)
-    if args.qk_format or args.k_smoothing:
+    if args.qk_format or args.k_smoothing or args.p_format:
         policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, qk_format=args.qk_format or "e4m3",
-                                     k_smoothing=args.k_smoothing)
+                                     k_smoothing=args.k_smoothing, p_format=args.p_format or "expcast")
     used_policy = policy or ovp.DEFAULT_POLICY
     header = {"diffusers": diffusers.__version__, "torch": torch.__version__, "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "dry_run": args.dry_run,
@@ -398,7 +401,8 @@ def main(argv=None):
                                             "min_key_tokens": used_policy.min_key_tokens,
                                             "head_dims": list(used_policy.head_dims),
                                             "qk_format": used_policy.qk_format,
-                                            "k_smoothing": used_policy.k_smoothing}}
+                                            "k_smoothing": used_policy.k_smoothing,
+                                            "p_format": used_policy.p_format}}
     print("diffusers_e2e:", json.dumps(header), flush=True)
     records, failed = [], False
     t0 = time.perf_counter()

@@ -58,8 +58,9 @@ def test_modes_int8_case_is_issue25_shapes():
     assert got == [(73397, 7, 128, False), (73397, 56, 128, False), (32760, 40, 128, False),
                    (32768, 7, 128, True), (24576, 32, 64, False)]
     assert all(c["kind"] == "qk" for _, c in cases)
-    assert set(modes.QK_FORMATS) == {"e4m3", "int8", "int8+smooth"}
+    assert set(modes.QK_FORMATS) == {"e4m3", "int8", "int8+smooth", "int8+smooth+exp2"}
     assert modes.QK_FORMATS["int8+smooth"] == {"qk_format": "int8", "k_smoothing": True}
+    assert modes.QK_FORMATS["int8+smooth+exp2"] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
 
 
 def test_modes_arguments():
@@ -86,6 +87,116 @@ def test_modes_paired_table_and_counterparts():
     assert t["openvc-e4m3_vs_fa3-fp8"]["median"] == 1.5
     assert "openvc-e4m3_vs_openvc-e4m3" not in t and not any(k.startswith("sage2") for k in t)
     json.dumps(t)   # the record's JSON
+
+
+def test_modes_exp2_pairing():
+    """int8+smooth+exp2 entries pair with E4M3 like the other INT8 entries, and with their ExpCast twin."""
+    for form in ("", "-eager", "-kernel"):
+        assert modes.counterpart(f"openvc-int8+smooth+exp2{form}") == f"openvc-e4m3{form}"
+        assert modes.expcast_counterpart(f"openvc-int8+smooth+exp2{form}") == f"openvc-int8+smooth{form}"
+    assert modes.expcast_counterpart("openvc-int8+smooth") is None and modes.expcast_counterpart("sage2") is None
+    samples = {"openvc-int8+smooth+exp2": [2.0, 2.0], "openvc-int8+smooth": [1.0, 2.0], "openvc-e4m3": [1.0, 1.0],
+               "sage2": [4.0, 4.0]}
+    t = modes.paired_table(samples)
+    assert t["openvc-int8+smooth+exp2_vs_openvc-e4m3"]["per_round"] == [0.5, 0.5]
+    assert t["openvc-int8+smooth+exp2_vs_openvc-int8+smooth"]["per_round"] == [0.5, 1.0]
+    assert t["openvc-int8+smooth+exp2_vs_sage2"]["median"] == 2.0
+    assert "openvc-int8+smooth_vs_openvc-int8+smooth+exp2" not in t
+
+
+def _fake_ova(calls, with_p_format=True):
+    """A stand-in for open_vc_attn recording the keyword arguments of its calls."""
+    def attention(q, k, v, *, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+        calls.append(("attention", dict(qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)))
+
+    def old_attention(q, k, v, *, causal=False, qk_format="e4m3", k_smoothing=False):
+        calls.append(("attention", dict(qk_format=qk_format, k_smoothing=k_smoothing)))
+
+    def prepare_fp8(q, k, v, *, qk_format="e4m3", k_smoothing=False):
+        calls.append(("prepare_fp8", dict(qk_format=qk_format, k_smoothing=k_smoothing)))
+        return (qk_format, k_smoothing)
+
+    def attention_fp8(prepared, *, causal=False, p_format="expcast"):
+        calls.append(("attention_fp8", dict(prepared=prepared, p_format=p_format)))
+
+    def old_attention_fp8(prepared, *, causal=False):
+        calls.append(("attention_fp8", dict(prepared=prepared)))
+    if with_p_format:
+        return types.SimpleNamespace(attention=attention, prepare_fp8=prepare_fp8, attention_fp8=attention_fp8)
+    return types.SimpleNamespace(attention=old_attention, prepare_fp8=prepare_fp8, attention_fp8=old_attention_fp8)
+
+
+def _stub_case(monkeypatch):
+    monkeypatch.setattr(modes, "_qkv", lambda torch, b, s, h, d, seed: ["q", "k", "v"])
+    monkeypatch.setattr(modes, "_sdpa", lambda torch, q, k, v, causal=False, mask=None: (lambda: None))
+    monkeypatch.setattr(modes, "_peer_entries", lambda torch, q, k, v, causal: {})
+    monkeypatch.setattr(modes, "_fa3", lambda: None)
+    monkeypatch.setattr(modes, "_sage2", lambda: None)
+
+
+def test_p_format_support(monkeypatch):
+    from open_vc_attn import _ext
+    calls = []
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace(PFormat=object()))
+    assert modes.p_format_support(_fake_ova(calls)) is None
+    why = modes.p_format_support(_fake_ova(calls, with_p_format=False))
+    assert "p_format" in why and "attention" in why
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace())   # an extension built before PFormat
+    why = modes.p_format_support(_fake_ova(calls))
+    assert "PFormat" in why
+
+    def broken():
+        raise ImportError("no _openvc_ext here")
+    monkeypatch.setattr(_ext, "load", broken)
+    assert "not loadable" in modes.p_format_support(_fake_ova(calls))
+
+
+def test_modes_int8_case_entries_exp2(monkeypatch):
+    """The exp2 entries: the complete call with p_format="exp2", the kernel entry on a preparation made
+    without it (prepare_fp8 takes no p_format) and attended with it; skipped with the reason, never run as
+    ExpCast, when the build has no P format."""
+    from open_vc_attn import _ext
+    _stub_case(monkeypatch)
+    calls = []
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace(PFormat=object()))
+    entries, flops, skipped = modes._qk_entries(None, _fake_ova(calls), 1, 256, 2)
+    for form in ("", "-eager", "-kernel"):
+        assert f"openvc-int8+smooth+exp2{form}" in entries and f"openvc-int8+smooth{form}" in entries
+    assert ("prepare_fp8", {"qk_format": "int8", "k_smoothing": True}) in calls   # no p_format
+    calls.clear()
+    entries["openvc-int8+smooth+exp2"]()
+    entries["openvc-int8+smooth+exp2-eager"].fn()
+    entries["openvc-int8+smooth+exp2-kernel"]()
+    entries["openvc-int8+smooth-kernel"]()
+    exp2 = {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert calls == [("attention", exp2), ("attention", exp2),
+                     ("attention_fp8", {"prepared": ("int8", True), "p_format": "exp2"}),
+                     ("attention_fp8", {"prepared": ("int8", True), "p_format": "expcast"})]
+    assert not any(k.startswith("openvc") for k in skipped)
+    # a build without PFormat: the exp2 entries are left out with the reason, the others stay
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace())
+    entries, _, skipped = modes._qk_entries(None, _fake_ova([]), 1, 256, 2)
+    assert not any("exp2" in e for e in entries) and "openvc-int8+smooth-kernel" in entries
+    assert "PFormat" in skipped["openvc-int8+smooth+exp2"]
+    entries, _, skipped = modes._qk_entries(None, _fake_ova([], with_p_format=False), 1, 256, 2)
+    assert not any("exp2" in e for e in entries) and "p_format" in skipped["openvc-int8+smooth+exp2"]
+
+
+def test_qk_tradeoff_exp2_method(monkeypatch):
+    from open_vc_attn import _ext
+    from open_vc_attn.bench import backends as bk
+    assert qt.METHODS["openvc-int8+smooth+exp2"][2] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert list(qt.METHODS).index("openvc-int8+smooth+exp2") == list(qt.METHODS).index("openvc-int8+smooth") + 1
+    assert "openvc-int8+smooth+exp2" in qt.parser().parse_args([]).methods
+    monkeypatch.setattr(bk, "openvc_runtime", lambda: None)   # as on a GPU machine
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace())   # an extension without PFormat
+    status, why = qt.method_status("openvc-int8+smooth+exp2", _fake_ova([]))
+    assert status == "missing" and "PFormat" in why
+    assert qt.method_status("openvc-int8+smooth", _fake_ova([])) == ("ok", None)
+    status, why = qt.method_status("openvc-int8+smooth+exp2", _fake_ova([], with_p_format=False))
+    assert status == "missing" and "p_format" in why
+    monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace(PFormat=object()))
+    assert qt.method_status("openvc-int8+smooth+exp2", _fake_ova([])) == ("ok", None)
 
 
 def test_qk_format_support_reads_the_signatures():
@@ -176,16 +287,18 @@ def test_measure_errors_plumbing_on_cpu(torch, monkeypatch):
 
 def _synthetic_record():
     methods = {m: {"label": qt.METHODS[m][0], "status": "ok", "qk": qt.METHODS[m][2]}
-               for m in ("openvc-e4m3", "openvc-int8+smooth", "sage2", "cudnn-bf16")}
+               for m in ("openvc-e4m3", "openvc-int8+smooth", "openvc-int8+smooth+exp2", "sage2", "cudnn-bf16")}
     methods["fa3-fp8"] = {"label": qt.METHODS["fa3-fp8"][0], "status": "missing",
                           "reason": "flash_attn_interface: ModuleNotFoundError"}
-    base = {"openvc-e4m3": 0.055, "openvc-int8+smooth": 0.041, "sage2": 0.039, "cudnn-bf16": 0.002}
+    base = {"openvc-e4m3": 0.055, "openvc-int8+smooth": 0.041, "openvc-int8+smooth+exp2": 0.038, "sage2": 0.039,
+            "cudnn-bf16": 0.002}
     errors = {str(seed): {inp: {m: e * (1 + 0.1 * i + 0.01 * seed) for m, e in base.items()}
                           for i, inp in enumerate(qt.INPUTS)} for seed in (0, 1)}
     t = lambda ms, method="cuda_graph": {"median_ms": ms, "tflops": 4 * 32760 ** 2 * 40 * 128 / ms / 1e9,
                                          "method": method, "calls_per_replay": 2, "samples_ms": [ms] * 3}
     speed = {"openvc-e4m3": {"complete": t(16.0), "eager": t(16.3, "eager")},
              "openvc-int8+smooth": {"complete": t(17.0), "eager": t(17.4, "eager")},
+             "openvc-int8+smooth+exp2": {"complete": t(17.5), "eager": t(17.9, "eager")},
              "sage2": {"complete": t(23.0, "eager")}, "cudnn-bf16": {"complete": t(31.0)}}
     settings = {"seqlen": 4096, "heads": 4, "head_dim": 128, "seeds": [0, 1], "inputs": list(qt.INPUTS),
                 "speed_shape": {"seqlen": 32760, "heads": 40, "head_dim": 128}, "rounds": 5,
@@ -218,6 +331,8 @@ def test_qk_tradeoff_markdown_and_files(tmp_path, monkeypatch):
     for i in qt.INPUTS:
         assert f" {i} |" in head
     assert "| openvc INT8 Q/K + K smoothing | 4.12% |" in md      # (0.041 * 1.0 + 0.041 * 1.01) / 2
+    assert "| openvc INT8 Q/K + K smoothing, exp2 P | 3.82% |" in md   # (0.038 * 1.0 + 0.038 * 1.01) / 2
+    assert "| 17.500 |" in md
     assert "| 17.000 | 1293 | graph | 17.400 | — |" in md and "| 23.000 | 956 | eager | — | — |" in md
     assert "Unavailable" in md and "flash_attn_interface" in md and "FA3 FP8" in md
     monkeypatch.setitem(sys.modules, "matplotlib", None)           # as on a machine without it

@@ -64,6 +64,15 @@ def test_dry_run_routes_as_on_the_gpu(e2e, tmp_path):
         assert len(r["times_s"]["native"]) == len(r["times_s"]["openvc"]) == 1
 
 
+def test_dry_run_with_the_formats(e2e, tmp_path):
+    """--qk-format int8 --k-smoothing --p-format exp2 reach the policy and name the openvc calls."""
+    recs = run(e2e, tmp_path, "--dry-run", "--runs", "1", "--models", "hunyuan", "--qk-format", "int8",
+               "--k-smoothing", "--p-format", "exp2")
+    assert calls(recs["hunyuan"]) == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 2}
+    policy = json.loads((tmp_path / "e2e.json").read_text())["policy"]
+    assert (policy["qk_format"], policy["k_smoothing"], policy["p_format"]) == ("int8", True, "exp2")
+
+
 def test_real_shapes_on_meta(e2e, tmp_path):
     recs = run(e2e, tmp_path, "--shapes-only")
     hy, ltx, motif = recs["hunyuan"], recs["ltx"], recs["motif"]

@@ -302,7 +302,7 @@ def test_torch_compile_fullgraph_traces_int8(torch):
              and str(n.target).startswith("open_vc_attn.")}
     assert set(calls) == {"open_vc_attn.prepare_fp8.default", "open_vc_attn.attention_fp8_full.default"}
     assert calls["open_vc_attn.prepare_fp8.default"][-2:] == ("int8", True)
-    assert calls["open_vc_attn.attention_fp8_full.default"][-1] == "int8"
+    assert calls["open_vc_attn.attention_fp8_full.default"][-2:] == ("int8", "expcast")
 
 
 def test_parameter_structs_carry_the_format(torch, monkeypatch):

@@ -67,7 +67,7 @@ def reference_fast_path(ovd, monkeypatch, no_device_check):
     torch = sys.modules["torch"]
     calls = []
 
-    def fast(q, k, v, scale, return_lse=False, qk_format="e4m3", k_smoothing=False):
+    def fast(q, k, v, scale, return_lse=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
         calls.append(tuple(q.shape))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
                             return_lse=return_lse)
@@ -223,11 +223,18 @@ def test_policy_format_reaches_every_openvc_call(torch, ovd, policy, monkeypatch
         dispatch_attention_fn(q, k, v)
         dispatch_attention_fn(q, k, v, is_causal=True)
         dispatch_attention_fn(q, k, v, attn_mask=torch.ones(1, 1024, dtype=torch.bool))
-    assert seen == [{"qk_format": "int8", "k_smoothing": True}] * 3
+    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"}] * 3
     assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing"): 3}
     with ovd.openvc_attention(policy=small_policy(policy, 1024)):
         dispatch_attention_fn(q, k, v)
-    assert seen[-1] == {"qk_format": "e4m3", "k_smoothing": False}
+    assert seen[-1] == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast"}
+    exp2 = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format="int8", k_smoothing=True,
+                                 p_format="exp2")
+    ovd.reset_stats()
+    with ovd.openvc_attention(policy=exp2):
+        dispatch_attention_fn(q, k, v, is_causal=True)
+    assert seen[-1] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 1}
 
 
 def test_argument_errors(torch, ovd):
@@ -427,7 +434,8 @@ def cpu_fast(torch, ovd, monkeypatch):
     and causal flag it was given."""
     given = []
 
-    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False):
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
+             p_format="expcast"):
         given.append((None if attn_mask is None else tuple(attn_mask.shape), causal))
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),

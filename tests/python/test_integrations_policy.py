@@ -228,17 +228,38 @@ def test_policy_format_fields_are_validated():
         with pytest.raises(TypeError, match="^k_smoothing: expected a bool"):
             policy.DispatchPolicy(k_smoothing=bad)
     int8 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True)
-    assert int8.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True}
-    assert DEFAULT.openvc_kwargs() == {"qk_format": "e4m3", "k_smoothing": False}
+    assert int8.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"}
+    assert DEFAULT.openvc_kwargs() == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast"}
+
+
+def test_policy_p_format_is_validated():
+    """p_format: "expcast" (default) or "exp2", which needs qk_format "int8" (the rule of _checks.p_format)."""
+    assert DEFAULT.p_format == "expcast"
+    for bad in ("EXP2", "exp", "", None, 2):
+        with pytest.raises(ValueError, match="^p_format: expected one of \\['expcast', 'exp2'\\]"):
+            policy.DispatchPolicy(qk_format="int8", p_format=bad)
+    for smooth in (False, True):
+        with pytest.raises(ValueError, match="^p_format: 'exp2' .* INT8 Q/K only .*got qk_format='e4m3'"):
+            policy.DispatchPolicy(p_format="exp2", k_smoothing=smooth)
+    exp2 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2")
+    assert exp2.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert exp2.format_label == "qk_format=int8, k_smoothing, p_format=exp2"
+    assert policy.DispatchPolicy(qk_format="int8", p_format="exp2").format_label == "qk_format=int8, p_format=exp2"
+    # explicit defaults read as the defaults
+    assert policy.DispatchPolicy(p_format="expcast").format_label == ""
 
 
 def test_openvc_reason_names_the_format():
     """The reason of an openvc call is the format ("" for the default): what the integrations' stats show."""
-    labels = {("e4m3", False): "", ("int8", False): "qk_format=int8", ("int8", True): "qk_format=int8, k_smoothing",
-              ("e4m3", True): "qk_format=e4m3, k_smoothing"}
+    labels = {("e4m3", False, "expcast"): "", ("int8", False, "expcast"): "qk_format=int8",
+              ("int8", True, "expcast"): "qk_format=int8, k_smoothing",
+              ("e4m3", True, "expcast"): "qk_format=e4m3, k_smoothing",
+              ("int8", True, "exp2"): "qk_format=int8, k_smoothing, p_format=exp2",
+              ("int8", False, "exp2"): "qk_format=int8, p_format=exp2"}
     q, k, v, cu = packed()
-    for (fmt, smooth), label in labels.items():
-        pol = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format=fmt, k_smoothing=smooth)
+    for (fmt, smooth, pfmt), label in labels.items():
+        pol = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format=fmt, k_smoothing=smooth,
+                                    p_format=pfmt)
         assert pol.format_label == label
         assert policy.choose_path(*qkv(), policy=pol) == (policy.OPENVC, label)
         assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048, policy=pol) == (policy.OPENVC, label)

@@ -83,7 +83,7 @@ def fast_path(sgl, monkeypatch):
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     calls = []
 
-    def fast(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False):
+    def fast(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
         calls.append(tuple(q.shape) if not causal else (tuple(q.shape), "causal"))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
                             return_lse=return_lse, causal=causal)
@@ -91,7 +91,8 @@ def fast_path(sgl, monkeypatch):
         out = torch.from_numpy(np.ascontiguousarray(out)).to(torch.bfloat16)
         return (out, torch.from_numpy(np.ascontiguousarray(lse)).float()) if return_lse else out
 
-    def fast_varlen(q, k, v, cu_seqlens, max_seqlen, scale, causal, qk_format="e4m3", k_smoothing=False):
+    def fast_varlen(q, k, v, cu_seqlens, max_seqlen, scale, causal, qk_format="e4m3", k_smoothing=False,
+                    p_format="expcast"):
         calls.append(("packed", tuple(q.shape), tuple(cu_seqlens.tolist()), max_seqlen, causal))
         cu = cu_seqlens.numpy()
         out = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
@@ -198,13 +199,13 @@ def test_impl_passes_the_policy_format(torch, sgl, monkeypatch):
     monkeypatch.setattr(sgl.mod, "_fast_varlen_attention", lambda q, k, v, cu, m, scale, causal, **fmt: (
         seen.append(fmt), q.clone())[1])
     sgl.mod.reset_stats()
-    pol = DispatchPolicy(min_query_tokens=64, min_key_tokens=64, qk_format="int8", k_smoothing=True)
+    pol = DispatchPolicy(min_query_tokens=64, min_key_tokens=64, qk_format="int8", k_smoothing=True, p_format="exp2")
     q = rand(torch, 1, 128, 2, 128)
     make_impl(sgl, openvc_policy=pol).forward(q, q, q, None)
     make_impl(sgl, openvc_policy=pol).forward_varlen(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 128],
                                                      dtype=torch.int32), max_seqlen=128)
-    assert seen == [{"qk_format": "int8", "k_smoothing": True}] * 2
-    assert sgl.mod.stats() == {("openvc", "qk_format=int8, k_smoothing"): 2}
+    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}] * 2
+    assert sgl.mod.stats() == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 2}
 
 
 # ---- packed sequences (forward_varlen) --------------------------------------------------------------------------

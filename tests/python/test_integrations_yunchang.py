@@ -39,7 +39,7 @@ def exact_fast_path(ovy, monkeypatch):
     from open_vc_attn.integrations import _exact, policy
     calls = []
 
-    def fast(q, k, v, scale, qk_format="e4m3", k_smoothing=False):
+    def fast(q, k, v, scale, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
         calls.append(tuple(q.shape))
         out, lse = _exact.attention_with_lse(q, k, v, scale=scale)
         return out.to(q.dtype), lse
@@ -121,8 +121,13 @@ def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
     ovy.OpenVCAttnProcessor(policy=pol)(q, q, q, softmax_scale=0.1)
     small = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, k_smoothing=True)
     ovy.OpenVCAttnProcessor(policy=small)(q, q, q, softmax_scale=0.1)
-    assert seen == [{"qk_format": "int8", "k_smoothing": False}, {"qk_format": "e4m3", "k_smoothing": True}]
-    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=e4m3, k_smoothing"): 1}
+    exp2 = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", p_format="exp2")
+    ovy.OpenVCAttnProcessor(policy=exp2)(q, q, q, softmax_scale=0.1)
+    assert seen == [{"qk_format": "int8", "k_smoothing": False, "p_format": "expcast"},
+                    {"qk_format": "e4m3", "k_smoothing": True, "p_format": "expcast"},
+                    {"qk_format": "int8", "k_smoothing": False, "p_format": "exp2"}]
+    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=e4m3, k_smoothing"): 1,
+                           ("openvc", "qk_format=int8, p_format=exp2"): 1}
 
 
 def test_processor_fallback_callable_and_errors(torch, ovy):

@@ -63,6 +63,9 @@ def test_modes_get_the_ops_with_their_schema_arguments():
         direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None, qk_format="int8", k_smoothing=True)
         direct.attention_fp8(six, 0.5, 4, True, None, qk_format="int8")
         direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, qk_format="int8")
+        direct.attention_fp8(six, 0.5, 4, True, None, qk_format="int8", p_format="exp2")
+        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, qk_format="int8",
+                                  p_format="exp2")
     names = [name for name, _ in mode.calls][:5]
     assert names == ["open_vc_attn::prepare_fp8", "open_vc_attn::prepare_fp8_varlen", "open_vc_attn::attention_fp8",
                      "open_vc_attn::attention_fp8_full", "open_vc_attn::attention_general"]
@@ -80,6 +83,8 @@ def test_modes_get_the_ops_with_their_schema_arguments():
     assert same(args[6], (q, k, v, cu, cu, 5, 7, None, "int8", True))
     assert same(args[7], (*six, 0.5, 4, True, None, "int8"))
     assert same(args[8], (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, "int8"))
+    assert same(args[9], (*six, 0.5, 4, True, None, "int8", "exp2"))      # (the default "expcast" is left out)
+    assert same(args[10], (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, "int8", "exp2"))
 
 
 def test_eager_calls_run_the_implementations(monkeypatch):
@@ -99,8 +104,9 @@ def test_eager_calls_run_the_implementations(monkeypatch):
     assert direct.attention_sequence(False, six, None, None, 0, 0, 0.0, True, 4, False) == "sequence_cuda"
     e4m3 = {"qk_format": "e4m3", "k_smoothing": False}
     assert calls[0] == ("prepare_cuda", (q, k, v, None), {"checked": True, **e4m3})
-    assert calls[1] == ("attention_cuda", (six, 0.5, 4, False, None), {"checked": False, "qk_format": "e4m3"})
-    assert calls[2][1][:2] == (False, six) and calls[2][2] == {"checked": False, "qk_format": "e4m3"}
+    default = {"checked": False, "qk_format": "e4m3", "p_format": "expcast"}
+    assert calls[1] == ("attention_cuda", (six, 0.5, 4, False, None), default)
+    assert calls[2][1][:2] == (False, six) and calls[2][2] == default
     # the Q/K format reaches the implementations
     cu = torch.zeros(2, dtype=torch.int32)
     direct.prepare_fp8(q, k, v, None, qk_format="int8", k_smoothing=True)
@@ -110,6 +116,10 @@ def test_eager_calls_run_the_implementations(monkeypatch):
     int8 = {"qk_format": "int8", "k_smoothing": True}
     assert calls[3][2] == {"checked": False, **int8} and calls[4][2] == {"checked": False, **int8}
     assert calls[5][2]["qk_format"] == "int8" and calls[6][2]["qk_format"] == "int8"
+    # and the P format
+    direct.attention_fp8(six, 0.5, 4, False, qk_format="int8", p_format="exp2")
+    direct.attention_sequence(True, six, cu, cu, 5, 7, 0.0, True, 4, False, qk_format="int8", p_format="exp2")
+    assert calls[7][2]["p_format"] == "exp2" and calls[8][2]["p_format"] == "exp2"
     # under the profiler a direct call keeps the op's name
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         direct.attention_fp8(six, 0.5, 4, False)

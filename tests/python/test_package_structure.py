@@ -159,6 +159,18 @@ def test_layout_constants_match_the_extension():
     assert all(order[c] == k for k, c in enumerate(_layout.packed_columns()))
 
 
+def test_p_formats_match_the_extension():
+    """_layout.P_FORMATS mirrors _openvc_ext.PFormat (the ops pass PFormat.<name>), and AttentionParams'
+    default is expcast. Skips with an extension built before the P format (openvc::PFormat)."""
+    from open_vc_attn import _ext, _layout
+    ext = _ext.load()
+    assert _layout.P_FORMATS == ("expcast", "exp2")
+    if not hasattr(ext, "PFormat"):
+        pytest.skip("_openvc_ext has no PFormat (an extension built before openvc::PFormat)")
+    assert all(hasattr(ext.PFormat, name) for name in _layout.P_FORMATS)
+    assert ext.AttentionParams().p_format == getattr(ext.PFormat, _layout.P_FORMATS[0])
+
+
 def test_importing_ops_registers_every_op():
     """A fresh process: `import open_vc_attn.ops` alone registers all ten ops (none waits for a first call)."""
     pytest.importorskip("torch")

@@ -147,7 +147,15 @@ def test_error_format_arguments(torch, par, monkeypatch):
         par.ulysses_attention(q, k, v, k_smoothing=1)
     with pytest.raises(ValueError, match=r"^k_smoothing: not taken with fp8_all_to_all=True"):
         par.ulysses_attention(q, k, v, fp8_all_to_all=True, k_smoothing=True)
-    for kw in (dict(qk_format="int8", k_smoothing=True), dict(qk_format="int8", fp8_all_to_all=True)):
+    with pytest.raises(ValueError, match="^p_format: expected one of"):
+        par.ulysses_attention(q, k, v, qk_format="int8", p_format="exp")
+    with pytest.raises(ValueError, match="^p_format: 'exp2' .* INT8 Q/K only"):
+        par.ulysses_attention(q, k, v, p_format="exp2")
+    with pytest.raises(ValueError, match="^p_format: 'exp2' .* INT8 Q/K only"):
+        par.attention_with_lse(q, k, v, p_format="exp2")
+    for kw in (dict(qk_format="int8", k_smoothing=True), dict(qk_format="int8", fp8_all_to_all=True),
+               dict(qk_format="int8", k_smoothing=True, p_format="exp2"),
+               dict(qk_format="int8", fp8_all_to_all=True, p_format="exp2")):
         with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # everything else is valid
             par.ulysses_attention(q, k, v, **kw)
 

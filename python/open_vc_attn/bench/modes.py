@@ -12,11 +12,14 @@ SageAttention2 (`sage2`, sageattention on PYTHONPATH, built as shared/tools/sage
 to FA3 in the dense, causal and head-dim-64 cases: sageattn(q, k, v, tensor_layout="NHD", is_causal=causal),
 quantization inside the call, timed EAGERLY (CUDA events around back-to-back calls; its launches do not
 replay from a CUDA graph). Case `int8` (issue 25's acceptance shapes: dense S = 73,397 at H = 7 and 56,
-S = 32,760 H = 40, causal S = 32,768 H = 7, D = 64 S = 24,576 H = 32) times openvc with Q/K in E4M3, INT8
-and INT8 + K smoothing (complete calls, CUDA graph and eager, and the kernel on a prepared input), SA2,
+S = 32,760 H = 40, causal S = 32,768 H = 7, D = 64 S = 24,576 H = 32) times openvc with Q/K in E4M3, INT8,
+INT8 + K smoothing and INT8 + K smoothing with P = E4M3 of an exact exponential (``int8+smooth+exp2``:
+p_format="exp2"; complete calls, CUDA graph and eager, and the kernel on a prepared input), SA2,
 the FA3 FP8 kernel, FA3 BF16 and cuDNN BF16, and checks every output against cuDNN BF16 (rel L2) before
 timing. The record holds the per-round samples and paired ratios (median and per round) of every openvc
-entry against every peer.
+entry against every peer, of each INT8 entry against its E4M3 counterpart, and of the exp2 entries against
+their ExpCast twins (int8+smooth). Formats the installed build does not take (no qk_format, or no p_format /
+no ``_openvc_ext.PFormat``) are left out with the reason under ``skipped``.
 
     python -m open_vc_attn.bench.modes --cases dense,packed,padded,causal,d64 --rounds 5 --out modes.json
     python -m open_vc_attn.bench.modes --cases int8 --rounds 7 --out modes-int8.json
@@ -33,9 +36,12 @@ from . import harness
 
 CASES = ("dense", "packed", "padded", "causal", "d64", "int8")
 DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")   # int8 needs issue 25's API: asked for by name
-# Q/K formats of the int8 case: label -> keyword arguments of attention / prepare_fp8 (docs: SPEC of issue 25).
+# Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
+# k_smoothing are also prepare_fp8's; p_format is an attention option (attention, attention_fp8) only.
 QK_FORMATS = {"e4m3": {"qk_format": "e4m3"}, "int8": {"qk_format": "int8"},
-              "int8+smooth": {"qk_format": "int8", "k_smoothing": True}}
+              "int8+smooth": {"qk_format": "int8", "k_smoothing": True},
+              "int8+smooth+exp2": {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}}
+ATTENTION_ONLY = ("p_format",)   # keyword arguments of QK_FORMATS that prepare_fp8 does not take
 PEERS = ("sage2", "fa3-fp8", "fa3-bf16", "cudnn-bf16")
 
 
@@ -64,6 +70,27 @@ def qk_format_support(ova) -> str:
         missing = [p for p in ("qk_format", "k_smoothing") if p not in params]
         if missing:
             return f"open_vc_attn.{name} takes no {', '.join(missing)} (issue 25's API is not in this build)"
+    return None
+
+
+def p_format_support(ova) -> str:
+    """None when open_vc_attn.attention and attention_fp8 take p_format and the compiled extension has
+    openvc::PFormat (``_openvc_ext.PFormat``), else why not (a build from before the P format: its exp2 entries
+    are reported unavailable, never run as ExpCast)."""
+    for name in ("attention", "attention_fp8"):
+        try:
+            params = inspect.signature(getattr(ova, name)).parameters
+        except (TypeError, ValueError, AttributeError) as exc:
+            return f"open_vc_attn.{name}: signature not readable ({exc})"
+        if "p_format" not in params:
+            return f"open_vc_attn.{name} takes no p_format (the P format is not in this build)"
+    try:
+        from .. import _ext
+        ext = _ext.load()
+    except ImportError as exc:
+        return f"open_vc_attn._openvc_ext not loadable ({str(exc)[:200]})"
+    if not hasattr(ext, "PFormat"):
+        return "open_vc_attn._openvc_ext has no PFormat (an extension built before the P format; rebuild it)"
     return None
 
 
@@ -132,21 +159,27 @@ def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     returned skipped dict says why."""
     q, k, v = _qkv(torch, b, s, h, d, seed)
     entries, skipped = {}, {}
-    why = qk_format_support(ova)
+    why, p_why = qk_format_support(ova), p_format_support(ova)
     for label, kw in QK_FORMATS.items():
         if why is not None:
             if label != "e4m3":
                 skipped[f"openvc-{label}"] = why
                 continue
             kw = {}   # the E4M3 default of a build without qk_format
+        if p_why is not None and any(a in kw for a in ATTENTION_ONLY):
+            skipped[f"openvc-{label}"] = p_why
+            continue
+        prep_kw = {a: x for a, x in kw.items() if a not in ATTENTION_ONLY}
+        attn_kw = {a: x for a, x in kw.items() if a in ATTENTION_ONLY}
 
         def call(kw=kw):
             return ova.attention(q, k, v, causal=causal, **kw)
         entries[f"openvc-{label}"] = call
         entries[f"openvc-{label}-eager"] = Eager(call)
         try:
-            prepared = ova.prepare_fp8(q, k, v, **kw)
-            entries[f"openvc-{label}-kernel"] = (lambda p=prepared: ova.attention_fp8(p, causal=causal))
+            prepared = ova.prepare_fp8(q, k, v, **prep_kw)
+            entries[f"openvc-{label}-kernel"] = (lambda p=prepared, a=attn_kw: ova.attention_fp8(p, causal=causal,
+                                                                                                  **a))
         except Exception as exc:   # recorded; the complete-call entries still run (and report their own error)
             skipped[f"openvc-{label}-kernel"] = f"prepare_fp8: {type(exc).__name__}: {exc}"[:300]
     entries["cudnn-bf16"] = _sdpa(torch, q, k, v, causal=causal)
@@ -240,24 +273,32 @@ def _build_case(torch, ova, spec):
 
 def counterpart(entry):
     """The E4M3 entry an INT8 openvc entry is paired with (same call form), or None."""
-    for label in ("int8+smooth", "int8"):
+    for label in ("int8+smooth+exp2", "int8+smooth", "int8"):
         if entry.startswith(f"openvc-{label}"):
             return "openvc-e4m3" + entry[len(f"openvc-{label}"):]
     return None
 
 
+def expcast_counterpart(entry):
+    """The ExpCast entry an exp2 openvc entry is also paired with (same formats and call form), or None."""
+    if entry.startswith("openvc-int8+smooth+exp2"):
+        return "openvc-int8+smooth" + entry[len("openvc-int8+smooth+exp2"):]
+    return None
+
+
 def paired_table(samples) -> dict:
     """Paired speedups per round of every openvc entry against every peer present (and of each INT8 entry
-    against its E4M3 counterpart): {"<entry>_vs_<peer>": {"median", "per_round"}}, > 1 = the openvc entry
-    is faster. samples: {entry: [ms per round]} in the same round order."""
+    against its E4M3 counterpart, each exp2 entry also against its ExpCast twin): {"<entry>_vs_<peer>":
+    {"median", "per_round"}}, > 1 = the openvc entry is faster. samples: {entry: [ms per round]} in the same
+    round order."""
     out = {}
     for e in samples:
         if not e.startswith("openvc"):
             continue
         others = [a for a in PEERS if a in samples]
-        c = counterpart(e)
-        if c in samples:
-            others.append(c)
+        for c in (counterpart(e), expcast_counterpart(e)):
+            if c in samples:
+                others.append(c)
         for a in others:
             out[f"{e}_vs_{a}"] = harness.paired_ratios(samples[a], samples[e])
     return out
@@ -383,7 +424,8 @@ def main(argv=None) -> int:
     import open_vc_attn as ova
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version(), "fa3": _fa3() is not None, "sage2": _sage2() is not None,
-            "qk_format": qk_format_support(ova) or "ok", "rounds": args.rounds, "seed": args.seed,
+            "qk_format": qk_format_support(ova) or "ok", "p_format": p_format_support(ova) or "ok",
+            "rounds": args.rounds, "seed": args.seed,
             "timing": "CUDA graphs of R calls >= 20 ms per replay; entries marked eager (SA2, openvc *-eager): "
                       "CUDA events around R back-to-back calls; ratios: t_peer / t_entry per round, median"}
 

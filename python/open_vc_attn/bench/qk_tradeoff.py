@@ -1,11 +1,13 @@
 """open_vc_attn.bench.qk_tradeoff: error against speed of openvc's Q/K formats and the peers (issue 25).
 
 Methods: openvc with Q/K in E4M3, E4M3 + K smoothing, INT8, INT8 + K smoothing (``attention(q, k, v,
-qk_format=..., k_smoothing=...)``, the complete call: preparation + attention); SageAttention2
+qk_format=..., k_smoothing=...)``, the complete call: preparation + attention), and INT8 + K smoothing with
+P = E4M3 of an exact exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``); SageAttention2
 (``sageattn(q, k, v, tensor_layout="NHD")``, INT8 Q/K per thread with K smoothing, FP8 PV); FlashAttention-3
 FP8 with per-(batch, head) descales (quantization included in the complete call; the kernel alone is timed
 too); cuDNN BF16 through torch SDPA. A method whose package is not importable (or an openvc build without
-``qk_format``) is reported as unavailable with the reason; nothing is substituted for it.
+``qk_format``, or without ``p_format`` / ``_openvc_ext.PFormat`` for the exp2 method) is reported as
+unavailable with the reason; nothing is substituted for it.
 
 Error: rel L2 of the output against exact attention computed on the GPU in float64 from the same BF16
 inputs, at S = 4,096, H = 4, D = 128 (``--seqlen/--heads/--head-dim``), on the five inputs of issue 25
@@ -43,6 +45,8 @@ METHODS = {
     "openvc-e4m3+smooth": ("openvc E4M3 Q/K + K smoothing", "openvc", {"qk_format": "e4m3", "k_smoothing": True}),
     "openvc-int8": ("openvc INT8 Q/K", "openvc", {"qk_format": "int8"}),
     "openvc-int8+smooth": ("openvc INT8 Q/K + K smoothing", "openvc", {"qk_format": "int8", "k_smoothing": True}),
+    "openvc-int8+smooth+exp2": ("openvc INT8 Q/K + K smoothing, exp2 P", "openvc",
+                                {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}),
     "sage2": ("SageAttention2 (INT8 QK + smooth K, FP8 PV)", "sage2", {}),
     "fa3-fp8": ("FA3 FP8, per-head descales", "fa3-fp8", {}),
     "cudnn-bf16": ("cuDNN BF16 (torch SDPA)", "cudnn-bf16", {}),
@@ -91,9 +95,12 @@ def method_status(name, ova=None) -> tuple:
             bk.openvc_runtime()
             if ova is None:
                 import open_vc_attn as ova
-            from .modes import qk_format_support
+            from .modes import p_format_support, qk_format_support
             why = qk_format_support(ova)
             if why is not None and kw != {"qk_format": "e4m3"}:
+                raise bk.Missing(why)
+            why = p_format_support(ova) if "p_format" in kw else None
+            if why is not None:
                 raise bk.Missing(why)
         elif family == "sage2":
             bk.sage2_function()

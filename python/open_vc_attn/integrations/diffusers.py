@@ -120,12 +120,12 @@ def _dispatch():
 # ---- the backend function ------------------------------------------------------------------------------
 
 def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3",
-                    k_smoothing=False):
+                    k_smoothing=False, p_format="expcast"):
     """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask and causal as the policy
-    took them, the policy's Q/K format. Tests swap it for a CPU stand-in."""
+    took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, key_padding_mask=attn_mask,
-                                  causal=causal, qk_format=qk_format, k_smoothing=k_smoothing)
+                                  causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
 def _record(path, reason):

@@ -12,10 +12,10 @@ per-head masks, biases and dropout stay on the framework. Short calls and cross-
 (text or image tokens) stay there too: quantization and the fixed per-call cost do not pay, and those
 calls are a small part of a video model's time. This function is the one place that changes.
 
-The policy also carries the Q/K format of openvc's calls (``qk_format``, ``k_smoothing``): every
+The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``): every
 integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
-reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing")``; "" for the default E4M3), so the
-integrations' ``stats()`` show the format.
+reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing, p_format=exp2")``; "" for the defaults),
+so the integrations' ``stats()`` show the format.
 
 Imports nothing heavy: the arguments are duck-typed tensors, torch is imported only for the capability
 query of CUDA devices.
@@ -56,16 +56,21 @@ class DispatchPolicy:
     (default) or "int8" Q/K codes, and K smoothing (False by default). Checked here: ValueError naming
     qk_format for anything but the two strings, TypeError naming k_smoothing for a non-bool. With "int8",
     calls past the fast path's size range (which INT8 does not take) go to the framework.
+    p_format: P's code in every openvc call (:func:`open_vc_attn.attention`'s argument): "expcast" (default) or
+    "exp2" (E4M3 of an exact exponential, more accurate), which needs qk_format "int8": ValueError naming
+    p_format otherwise, or for anything but the two strings.
     """
     min_query_tokens: int = 4096
     min_key_tokens: int = 4096
     head_dims: tuple = (128, 64)
     qk_format: str = "e4m3"
     k_smoothing: bool = False
+    p_format: str = "expcast"
 
     def __post_init__(self):
         _checks.qk_format(self.qk_format)
         _checks.k_smoothing(self.k_smoothing)
+        _checks.p_format(self.p_format, self.qk_format)
         for name in ("min_query_tokens", "min_key_tokens"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -75,15 +80,17 @@ class DispatchPolicy:
 
     @property
     def format_label(self) -> str:
-        """The reason choose_path gives with OPENVC: "" for E4M3 without K smoothing (the default), else
-        "qk_format=int8", "qk_format=int8, k_smoothing" or "qk_format=e4m3, k_smoothing"."""
-        if self.qk_format == "e4m3" and not self.k_smoothing:
+        """The reason choose_path gives with OPENVC: "" for E4M3 without K smoothing with ExpCast P (the
+        defaults), else "qk_format=int8", "qk_format=int8, k_smoothing", "qk_format=e4m3, k_smoothing", with
+        ", p_format=exp2" appended when p_format is not the default."""
+        if self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast":
             return ""
-        return f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
+        return (f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
+                + (f", p_format={self.p_format}" if self.p_format != "expcast" else ""))
 
     def openvc_kwargs(self) -> dict:
         """The format arguments of :func:`open_vc_attn.attention` (what the integrations pass)."""
-        return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing}
+        return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing, "p_format": self.p_format}
 
 
 DEFAULT_POLICY = DispatchPolicy()

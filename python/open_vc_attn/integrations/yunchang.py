@@ -46,11 +46,12 @@ _ZERO_LSE_TYPES = ("TORCH_MATH", "TORCH_CUDNN")
 _counts = collections.Counter()     # (path, reason) -> calls (eager)
 
 
-def _fast_attention(q, k, v, scale, qk_format="e4m3", k_smoothing=False):
-    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K format; tests swap it for a CPU stand-in."""
+def _fast_attention(q, k, v, scale, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K and P formats; tests swap it for a CPU
+    stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=True, qk_format=qk_format,
-                                  k_smoothing=k_smoothing)
+                                  k_smoothing=k_smoothing, p_format=p_format)
 
 
 def _exact_fallback(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -69,6 +69,21 @@ def qk_format(name):
     return getattr(_ext.load().QkFormat, name)
 
 
+def set_p_format(p, name):
+    """AttentionParams.p_format from a p_format string ("expcast" or "exp2", checked by the caller), through the
+    extension's PFormat enum. An extension built before openvc::PFormat has no such field and computes P with
+    ExpCast only: "expcast" leaves its struct as it is, "exp2" raises RuntimeError naming p_format (never
+    run as ExpCast in its place)."""
+    enum = getattr(_ext.load(), "PFormat", None)
+    if enum is None:
+        if name != "expcast":
+            raise RuntimeError(f"p_format: {name!r} needs an _openvc_ext built with openvc::PFormat; this build has "
+                               "none (ExpCast only): rebuild and reinstall the package")
+        return p
+    p.p_format = getattr(enum, name)
+    return p
+
+
 def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim, fmt=None):
     """openvc::Fp8Inputs over six prepared tensors (PreparedFP8.tensors() order; a VC preparation's
     first five, v_descale then being unused, may pass None for it). fmt: the qk_format string, or None to

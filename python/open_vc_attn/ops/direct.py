@@ -63,24 +63,26 @@ def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, checke
 
 
 def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
-                  qk_format="e4m3"):
+                  qk_format="e4m3", p_format="expcast"):
     """``open_vc_attn::attention_fp8`` on the six prepared tensors: (out, lse)."""
     if not eager(*tensors):
         return torch.ops.open_vc_attn.attention_fp8.default(*tensors, softmax_scale, mid_window_blocks, return_lse,
-                                                            out_dtype, qk_format)
+                                                            out_dtype, qk_format, p_format)
     with named("open_vc_attn::attention_fp8"):
         return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, checked=checked,
-                                  qk_format=qk_format)
+                                  qk_format=qk_format, p_format=p_format)
 
 
 def attention_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                       return_lse, seqused_k=None, out_dtype=None, checked=False, qk_format="e4m3"):
+                       return_lse, seqused_k=None, out_dtype=None, checked=False, qk_format="e4m3",
+                       p_format="expcast"):
     """``open_vc_attn::attention_fp8_full`` (fast) or ``attention_general``: (out, lse)."""
     name = "attention_fp8_full" if fast else "attention_general"
     if not eager(*tensors, cu_q, cu_k, seqused_k):
         op = getattr(torch.ops.open_vc_attn, name).default
         return op(*tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
-                  out_dtype, qk_format)
+                  out_dtype, qk_format, p_format)
     with named("open_vc_attn::" + name):
         return fp8.sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                                 return_lse, seqused_k, out_dtype, checked=checked, qk_format=qk_format)
+                                 return_lse, seqused_k, out_dtype, checked=checked, qk_format=qk_format,
+                                 p_format=p_format)

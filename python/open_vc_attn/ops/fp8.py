@@ -11,14 +11,15 @@
   the GPU only); outputs as described in api.PreparedFP8.
 - ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
   float softmax_scale, int mid_window_blocks, bool return_lse, ScalarType? out_dtype=None,
-  str qk_format="e4m3") -> (out, lse)``: out BF16 [B, Sq, H, D];
+  str qk_format="e4m3", str p_format="expcast") -> (out, lse)``: out BF16 [B, Sq, H, D];
   lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
   of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
   fast path: head_dim 128, non-causal, batched.
 - ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
   int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse,
-  Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format="e4m3") -> (out, lse)``: the general
-  path (CUDA cores; head_dim 64 or 128; E4M3 only: qk_format "int8" raises ValueError). Without
+  Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format="e4m3", str p_format="expcast") -> (out, lse)``:
+  the general path (CUDA cores; head_dim 64 or 128; E4M3 and ExpCast only: qk_format "int8" or p_format "exp2"
+  raises ValueError naming it). Without
   offsets the six tensors are a batched preparation and the outputs are those of attention_fp8
   (max_seqlen_q/k ignored); with them, the packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16
   [total_q, H, D] (zeros where no sequence writes) and lse float32 [H, total_q] (-inf there; the flash-attn
@@ -26,6 +27,8 @@
 - ``open_vc_attn::attention_fp8_full(the same arguments) -> (out, lse)``: the sm_90a fast path in its causal,
   packed-sequence and key-count modes (head_dim 128 or 64; E4M3 or INT8), same outputs.
 The attention ops read the Q/K format from their qk_format argument, which must be the preparation's.
+p_format (attention_fp8, attention_fp8_full): "expcast" (ExpCast's linear P code) or "exp2" (P = E4M3 RNE of
+an exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape.
 """
 import torch
 
@@ -40,12 +43,14 @@ _PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, T
                           "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                      "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse, "
-                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\") -> (Tensor, Tensor)")
+                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\", str p_format=\"expcast\") "
+                     "-> (Tensor, Tensor)")
 # attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
 _SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
                     "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
                     "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
-                    "Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format=\"e4m3\") -> (Tensor, Tensor)")
+                    "Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format=\"e4m3\", "
+                    "str p_format=\"expcast\") -> (Tensor, Tensor)")
 
 
 def _allocate(expectations, alloc):
@@ -179,10 +184,13 @@ def attention_outputs(q_codes, return_lse, alloc, out_dtype=None):
             alloc((b, h, sq) if return_lse else (0,), torch.float32))
 
 
-def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_format=None):
-    """openvc::AttentionParams of the fast path (repair rows unset; qk_format None: the struct's E4M3)."""
+def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_format=None, p_format=None):
+    """openvc::AttentionParams of the fast path (repair rows unset; qk_format None: the struct's E4M3;
+    p_format None: the struct's ExpCast)."""
     p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes, fmt=qk_format),
                    mid_window_blocks=int(mid_window_blocks))
+    if p_format is not None:
+        dev.set_p_format(p, p_format)
     return dev.set_output(p, out, lse, softmax_scale)
 
 
@@ -194,27 +202,28 @@ def _batched_sizes(tensors):
 
 
 def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
-                   qk_format="e4m3"):
-    """The CUDA implementation of attention_fp8. checked: the six tensors' layout, their format and the
-    scalars were checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh
+                   qk_format="e4m3", p_format="expcast"):
+    """The CUDA implementation of attention_fp8. checked: the six tensors' layout, their format, the P
+    format and the scalars were checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh
     outputs); the device and alignment checks always run."""
     q_codes = tensors[0]
     if checked:
         sizes = _batched_sizes(tensors)
     else:
         sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks,
-                                                                 fmt=qk_format))
+                                                                 fmt=qk_format, p_fmt=p_format))
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
     return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                        qk_format)
+                        qk_format, p_format)
 
 
 def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None,
-                 qk_format="e4m3"):
+                 qk_format="e4m3", p_format="expcast"):
     """The dense fast path on a checked batched preparation (tensors, or anything with data_ptr() and a
-    q_codes shape): allocates (out, lse) and enqueues the kernel."""
+    q_codes shape): allocates (out, lse) and enqueues the kernel (AttentionParams.p_format from p_format)."""
     out, lse = attention_outputs(tensors[0], return_lse, dev.empty(device), out_dtype)
-    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks, qk_format)
+    p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks, qk_format,
+                    p_format)
     dev.enqueue(_ext.load().attention_fp8, p, device)
     return out, lse
 
@@ -222,16 +231,16 @@ def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, retur
 @torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
                          schema=_ATTENTION_SCHEMA)
 def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                   mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3"):
+                   mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     return attention_cuda((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
-                          mid_window_blocks, return_lse, out_dtype, qk_format=qk_format)
+                          mid_window_blocks, return_lse, out_dtype, qk_format=qk_format, p_format=p_format)
 
 
 @_attention_fp8.register_fake
 def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                        mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3"):
+                        mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks, fmt=qk_format)
+    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks, fmt=qk_format, p_fmt=p_format)
     return attention_outputs(q_codes, return_lse, dev.like(q_codes), out_dtype)
 
 
@@ -251,15 +260,15 @@ def _sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
 
 
 def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
-                   qk_format="e4m3"):
+                   qk_format="e4m3", p_format="expcast"):
     packed, sizes = _checks.check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                  mid_window_blocks, fast=fast, fmt=qk_format)
+                                                  mid_window_blocks, fast=fast, fmt=qk_format, p_fmt=p_format)
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes
 
 
 def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                  seqused_k, out_dtype=None, checked=False, qk_format="e4m3"):
+                  seqused_k, out_dtype=None, checked=False, qk_format="e4m3", p_format="expcast"):
     """The CUDA implementation of attention_fp8_full (fast) and attention_general. checked: as in
     :func:`attention_cuda` (the api checked the preparation, offsets, key counts, range and grid)."""
     qc = tensors[0]
@@ -269,16 +278,17 @@ def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal
                   int(qc.shape[2])) if packed else _batched_sizes(tensors))
     else:
         packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
-                                       seqused_k, fast, qk_format)
+                                       seqused_k, fast, qk_format, p_format)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
     return enqueue_sequence(fast, tensors, packed, sizes, qc.device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                            mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format)
+                            mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format, p_format)
 
 
 def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                     mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3"):
+                     mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     """attention_fp8_full (fast) or attention_general on checked arguments (tensors: as in
-    :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel."""
+    :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast: AttentionParams.p_format from
+    p_format; the general path's struct has no P format: it computes ExpCast, and its callers reject exp2)."""
     n, sq, sk, h, d = (int(x) for x in sizes)
     out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
     ext = _ext.load()
@@ -293,7 +303,9 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
     else:
         p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d, fmt=qk_format)
         out_strides, lse_strides = out.stride()[:3], (h * sq, sq)
-    if not fast:   # the fast path's LSE layouts are fixed (the same ones)
+    if fast:
+        dev.set_p_format(p, p_format)
+    else:   # the fast path's LSE layouts are fixed (the same ones)
         p.lse_stride_batch, p.lse_stride_head = lse_strides
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
@@ -303,9 +315,9 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
 
 
 def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k,
-                   out_dtype=None, qk_format="e4m3"):
+                   out_dtype=None, qk_format="e4m3", p_format="expcast"):
     packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
-                                   qk_format)
+                                   qk_format, p_format)
     like = dev.like(tensors[0])
     return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
 
@@ -314,35 +326,35 @@ def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_w
                          schema=_SEQUENCE_SCHEMA)
 def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
-                       out_dtype=None, qk_format="e4m3"):
+                       out_dtype=None, qk_format="e4m3", p_format="expcast"):
     return sequence_cuda(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype, qk_format=qk_format)
+                         return_lse, seqused_k, out_dtype, qk_format=qk_format, p_format=p_format)
 
 
 @_attention_general.register_fake
 def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3"):
+                            return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     return _fake_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype, qk_format)
+                          seqused_k, out_dtype, qk_format, p_format)
 
 
 @torch.library.custom_op("open_vc_attn::attention_fp8_full", mutates_args=(), device_types="cuda",
                          schema=_SEQUENCE_SCHEMA)
 def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                        seqused_k=None, out_dtype=None, qk_format="e4m3"):
+                        seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     return sequence_cuda(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype, qk_format=qk_format)
+                         return_lse, seqused_k, out_dtype, qk_format=qk_format, p_format=p_format)
 
 
 @_attention_fp8_full.register_fake
 def _attention_fp8_full_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
                              cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                             return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3"):
+                             return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     return _fake_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                           cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype, qk_format)
+                          seqused_k, out_dtype, qk_format, p_format)

@@ -57,9 +57,9 @@ def _layout(b, sq, sk, h, d, qk_format="e4m3", k_smoothing=False):
 
 
 def attention(q, k, v, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype=None,
-              qk_format="e4m3", k_smoothing=False):
-    """(out, lse) of checked rank-4 batched q, k, v (and key counts) on the fast path; qk_format and
-    k_smoothing checked by the caller."""
+              qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    """(out, lse) of checked rank-4 batched q, k, v (and key counts) on the fast path; qk_format, k_smoothing
+    and p_format checked by the caller (p_format sets AttentionParams.p_format)."""
     b, sq, h, d = (int(x) for x in q.shape)
     sk = int(k.shape[1])
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
@@ -72,6 +72,6 @@ def attention(q, k, v, seqused_k, softmax_scale, causal, mid_window_blocks, retu
     sizes = (b, sq, sk, h, d)
     if not causal and seqused_k is None:
         return fp8.enqueue_fast(prepared, sizes, q.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                                qk_format)
+                                qk_format, p_format)
     return fp8.enqueue_sequence(True, prepared, False, sizes, q.device, None, None, 0, 0, softmax_scale, causal,
-                                mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format)
+                                mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format, p_format)
