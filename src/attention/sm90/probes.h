@@ -1,7 +1,7 @@
 // Timing probes of the sm_90a kernel: one stage removed, doubled or done the earlier way, for the cost
 // breakdown in docs/performance.md (bench/cpp/bench_attention.cu, built with OPENVC_BENCH_VARIANTS).
 // Never built into the library. The skip/double probes compute wrong results on purpose; the others
-// (marked) compute the production result. Probes apply to the plain mode only (kInt8ConvertI2F: to the
+// (marked) compute the production result. Probes apply to the plain mode only (kInt8ConvertMagic: to the
 // INT8 mode).
 #pragma once
 
@@ -24,8 +24,8 @@ enum Probe : int {
                         // and the flush period in every iteration; correct result)
   kNoHugeGuard = 8192,  // no huge-max flag and clipped conversion (the kernel before it; correct on
                         // scores below ~7e5 nats)
-  kInt8ConvertI2F = 16384,  // INT8 mode: int32 scores to FP32 by I2FP.F32.S32 instead of the exact
-                            // IADD + FADD (softmax.cuh, int8_score; the same result)
+  kInt8ConvertMagic = 16384,  // INT8 mode: int32 scores to FP32 by the exact IADD + FADD instead of
+                              // I2FP.F32.S32 (softmax.cuh, int8_score; the same result)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
