@@ -9,7 +9,8 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
   :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
   elsewhere). They import torch when called, not before; their custom ops live in the package
   ``open_vc_attn.ops`` (imports torch; importing it registers every op). Argument rules:
-  ``open_vc_attn._checks``; sizes, layouts and the constants read from the extension: ``open_vc_attn._layout``.
+  ``open_vc_attn._checks``; sizes, layouts and the C++ library's constants: ``open_vc_attn._layout`` (mirrored
+  there, not read from the extension; tests/python/test_package_structure.py checks them against it).
 """
 from __future__ import annotations
 

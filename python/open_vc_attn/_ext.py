@@ -1,6 +1,7 @@
 """Loader of the compiled extension ``_openvc_ext``: the CPU reference of docs/numerics.md (used by
 :mod:`open_vc_attn.reference`) and the GPU entry points with their parameter structs (used by
-:mod:`open_vc_attn.ops`), plus the constants the C++ library owns (read by :mod:`open_vc_attn._layout`).
+:mod:`open_vc_attn.ops`), plus the constants the C++ library owns (:mod:`open_vc_attn._layout` holds copies,
+which tests/python/test_package_structure.py checks against these).
 
 Loaded on first use, so that the pure-numpy parts of the package (the input generator, bf16 rounding)
 work even where the extension was not built.

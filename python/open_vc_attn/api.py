@@ -17,7 +17,7 @@
 
 Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128 and
 64: dense, causal, packed sequences, key counts) and the general path on the CUDA cores (sizes past the
-fast path's 32-bit range), which is correct but about 30x slower: a call that lands
+fast path's 32-bit range), which is correct but far slower (not measured side by side): a call that lands
 there warns once per process and reason (RuntimeWarning). docs/api.md lists which call takes which path.
 
 torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
@@ -137,13 +137,13 @@ _WARNED = set()
 
 
 def _warn_general_path(reason):
-    """One RuntimeWarning per process and reason: the general path is correct but about 30x slower."""
+    """One RuntimeWarning per process and reason: the general path is correct but far slower."""
     if reason in _WARNED:
         return
     _WARNED.add(reason)
     import warnings
-    warnings.warn(f"open_vc_attn: {reason}: this call runs on the general path (CUDA cores, correct but about "
-                  "30x slower than the sm_90a fast path); docs/api.md lists which calls take which path",
+    warnings.warn(f"open_vc_attn: {reason}: this call runs on the general path (CUDA cores, correct but far "
+                  "slower than the sm_90a fast path); docs/api.md lists which calls take which path",
                   RuntimeWarning, stacklevel=4)
 
 

@@ -264,7 +264,7 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
     (None: the default group) of N ranks; every rank of the group must call it with the same shapes.
 
     q, k, v: this rank's sequence shard, ``[B, S/N, H, D]`` (or ``[S/N, H, D]``), rank r holding global
-    tokens ``r*S/N .. (r+1)*S/N - 1``; bfloat16 or float16 CUDA tensors, D = 128, H divisible by N (else
+    tokens ``r*S/N .. (r+1)*S/N - 1``; bfloat16 or float16 CUDA tensors, D = 128 or 64, H divisible by N (else
     ValueError naming q). k and v may have another length than q (cross-attention), same B, H, D.
 
     Steps: all-to-all (``torch.distributed.all_to_all_single`` on contiguous buffers, current stream) from

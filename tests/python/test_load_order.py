@@ -9,7 +9,7 @@ import sys
 import pytest
 
 _EXT_FIRST = """
-import open_vc_attn._openvc_ext as ext   # the extension itself, not _ext.load() (which imports torch first)
+import open_vc_attn._openvc_ext as ext   # the extension module itself, loaded before torch
 import torch
 print("ok", ext.KERNEL_HEAD_DIM, torch.__version__)
 """

@@ -120,7 +120,8 @@ def test_custom_ops_registered_at_module_level_only():
 
 
 def test_no_literal_mid_window_default():
-    """mid_window_blocks defaults come from _openvc_ext.DEFAULT_MID_WINDOW_BLOCKS (via _layout), not a literal."""
+    """mid_window_blocks defaults are _layout.DEFAULT_MID_WINDOW_BLOCKS (the extension's value, checked below), not
+    a literal."""
     literal = []
     for m, (tree, _) in MODULES.items():
         for fn in ast.walk(tree):

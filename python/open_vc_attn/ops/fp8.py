@@ -14,7 +14,7 @@
   str qk_format="e4m3", str p_format="expcast") -> (out, lse)``: out BF16 [B, Sq, H, D];
   lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
   of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
-  fast path: head_dim 128, non-causal, batched.
+  fast path: head_dim 128 or 64, non-causal, batched; E4M3 or INT8.
 - ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
   int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse,
   Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format="e4m3", str p_format="expcast") -> (out, lse)``:
@@ -246,7 +246,7 @@ def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_desc
 
 # ---- attention_general and attention_fp8_full: every call form --------------------------------------------
 # attention_general: the CUDA-core general path (head_dim 64 or 128). attention_fp8_full: the sm_90a fast
-# path in its causal / packed / key-count modes (head_dim 128). Same arguments, same outputs.
+# path in its causal / packed / key-count modes (head_dim 128 or 64). Same arguments, same outputs.
 
 def _sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
     """out and lse of the sequence ops. Packed: out [total_q, H, D] zeros and lse [H, total_q] -inf, so the

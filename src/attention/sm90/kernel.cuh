@@ -1,7 +1,8 @@
 // The sm_90a ExpCast attention kernel: one producer warpgroup (TMA, registers handed back) and two
 // consumer warpgroups (QK^T and PV on the tensor cores, ExpCast in between), persistent over
-// (sequence, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5. Template
-// arguments: the production Mode bits (mode.h: plain, repair, VC, causal, varlen) and a timing Probe
+// (sequence, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5, 9 (INT8 Q/K) and 10
+// (exp2 P). Template arguments: the production Mode bits (mode.h: plain, repair, VC, causal, varlen,
+// head dim 64, INT8 Q/K, exp2 P; the combinations built are kProductionModes) and a timing Probe
 // (probes.h, bench only; kNoProbe in the library).
 #pragma once
 #include <cuda.h>
