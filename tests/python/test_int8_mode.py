@@ -424,12 +424,13 @@ def _every_call_class(torch, fmt, d):
     assert rel_l2(out, exact(torch, q, k, v)) < tol
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * d ** -0.5
     exact_lse = torch.logsumexp(s, -1)
-    # ExpCast's row sums (coarse subnormal codes, +-7% per code) move the LSE by up to ~0.15 nats on these flat
-    # rows (H200: 0.136-0.147); the INT8 mode is no worse there than the E4M3 mode on the same inputs.
+    # ExpCast's code rounding biases each row sum by about +0.9% (LSE +0.009 on these flat rows; the CPU
+    # reference: E4M3 0.0080, INT8 0.0090 mean; the H200: 0.0080 / 0.0089): INT8's LSE is no further from
+    # the exact one than E4M3's on the same inputs.
     _, lse_e4m3 = open_vc_attn.attention(q, k, v, return_lse=True)
     err, err_e4m3 = ((x.double() - exact_lse).abs() for x in (lse, lse_e4m3))
-    assert float(err.mean()) <= float(err_e4m3.mean()) * 1.05 + 1e-3
-    assert float(err.max()) <= max(float(err_e4m3.max()) * 1.1, 0.2)
+    assert float(err.mean()) <= float(err_e4m3.mean()) * 1.2 + 2e-3
+    assert float(err.max()) <= float(err_e4m3.max()) * 1.2 + 5e-3
     out = open_vc_attn.attention(q, k, v, causal=True, **fmt)
     assert rel_l2(out, exact(torch, q, k, v, causal=True)) < tol
     # key padding mask = the call on the kept keys
