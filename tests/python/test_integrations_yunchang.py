@@ -39,9 +39,9 @@ def exact_fast_path(ovy, monkeypatch):
     from open_vc_attn.integrations import _exact, policy
     calls = []
 
-    def fast(q, k, v, scale, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-        calls.append(tuple(q.shape))
-        out, lse = _exact.attention_with_lse(q, k, v, scale=scale)
+    def fast(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+        calls.append(tuple(q.shape) + (("causal",) if causal else ()))
+        out, lse = _exact.attention_with_lse(q, k, v, scale=scale, causal=causal, causal_from_end=True)
         return out.to(q.dtype), lse
 
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
@@ -105,11 +105,23 @@ def test_processor_routes_and_lse(torch, ovy, exact_fast_path):
                            ("fallback", "window_size"): 1}
 
 
+def test_processor_causal_self_attention_is_causal_on_openvc(torch, ovy, exact_fast_path):
+    """Causal self-attention (Sq == Sk) goes to openvc's path, and causal reaches it (it once did not: the
+    call was computed without the mask)."""
+    from open_vc_attn.integrations import policy
+    proc = ovy.OpenVCAttnProcessor(policy=policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128))
+    q, k, v = (rand(torch, 1, 256, 2, 128, seed=s) for s in range(3))
+    out, lse = proc(q, k, v, softmax_scale=0.05, causal=True)
+    ref_out, ref_lse = reference(torch, q, k, v, 0.05, causal=True)
+    assert exact_fast_path == [(1, 256, 2, 128, "causal")]
+    assert rel(out, ref_out) < 1e-2 and torch.allclose(lse.double(), ref_lse, atol=1e-4)
+
+
 def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
     from open_vc_attn.integrations import policy
     seen = []
 
-    def fast(q, k, v, scale, **fmt):
+    def fast(q, k, v, scale, causal=False, **fmt):
         seen.append(fmt)
         return q.clone(), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
@@ -245,7 +257,8 @@ def _worker(rank, world, ulysses, ring, route, port, out_path):
     from open_vc_attn.integrations import _exact, policy
     from open_vc_attn.integrations import yunchang as ovy
     policy._device_reason = lambda device: None           # CPU tensors through the device check
-    ovy._fast_attention = lambda q, k, v, scale, **fmt: _exact.attention_with_lse(q, k, v, scale=scale)
+    ovy._fast_attention = lambda q, k, v, scale, causal=False, **fmt: _exact.attention_with_lse(
+        q, k, v, scale=scale, causal=causal, causal_from_end=True)
     set_seq_parallel_pg(ulysses, ring, rank, world)
     small = policy.DispatchPolicy(min_query_tokens=1, min_key_tokens=1)
     never = policy.DispatchPolicy(min_query_tokens=100000, min_key_tokens=1)

@@ -46,12 +46,12 @@ _ZERO_LSE_TYPES = ("TORCH_MATH", "TORCH_CUDNN")
 _counts = collections.Counter()     # (path, reason) -> calls (eager)
 
 
-def _fast_attention(q, k, v, scale, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K and P formats; tests swap it for a CPU
-    stand-in."""
+def _fast_attention(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K and P formats (causal: self-attention,
+    Sq == Sk, where flash-attn's alignment is openvc's); tests swap it for a CPU stand-in."""
     import open_vc_attn
-    return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=True, qk_format=qk_format,
-                                  k_smoothing=k_smoothing, p_format=p_format)
+    return open_vc_attn.attention(q, k, v, softmax_scale=scale, causal=causal, return_lse=True,
+                                  qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
 def _exact_fallback(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -129,7 +129,7 @@ class OpenVCAttnProcessor:
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
             policy = self.policy if self.policy is not None else _policy.DEFAULT_POLICY
-            out, lse = _fast_attention(q, k, v, softmax_scale, **policy.openvc_kwargs())
+            out, lse = _fast_attention(q, k, v, softmax_scale, causal, **policy.openvc_kwargs())
             return (out if out.dtype == q.dtype else out.to(q.dtype)), lse   # openvc writes BF16
         return self.fallback(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
