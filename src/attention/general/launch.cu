@@ -31,6 +31,9 @@ Status validate(const GeneralAttentionParams& p) {
   const bool packed = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr;
   if (in.head_dim != 64 && in.head_dim != 128)
     return Status::Invalid("in.head_dim: the general path takes 64 or 128, got " + str(in.head_dim));
+  if (in.qk_format != QkFormat::kE4M3)
+    return Status::Unsupported("in.qk_format: the general path takes E4M3 Q/K codes only (INT8 runs on the sm_90a "
+                               "fast path, numerics section 9)");
   if (in.heads <= 0 || in.heads > 65535)
     return Status::Invalid("in.heads: expected 1..65535 (a grid dimension), got " + str(in.heads));
   if (packed) {

@@ -97,6 +97,12 @@ TEST(GeneralAttention, RejectsBadArguments) {
   auto p = good;
   p.in.head_dim = 96;
   expect_invalid(p, "in.head_dim: the general path takes 64 or 128, got 96");
+  p = good, p.in.qk_format = openvc::QkFormat::kInt8;   // INT8 codes run on the fast path only
+  {
+    const openvc::Status st = openvc::attention_general(p, nullptr);
+    EXPECT_EQ(st.code(), openvc::StatusCode::kUnsupported) << st.message();
+    EXPECT_NE(st.message().find("in.qk_format"), std::string::npos) << st.message();
+  }
   p = good, p.in.heads = 0;
   expect_invalid(p, "in.heads");
   p = good, p.in.seqlen_k = -1;
