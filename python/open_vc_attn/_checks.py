@@ -48,6 +48,16 @@ def k_smoothing(x, name="k_smoothing") -> bool:
     return bool_arg(x, name)
 
 
+def lse_with_smoothing(return_lse, smoothing, name="k_smoothing"):
+    """K smoothing subtracts K's channel mean m, so the kernel's row LSE is the exact one minus
+    softmax_scale * q_i . m (the output is unchanged: softmax ignores a per-row shift). Until the LSE gets
+    that term back, a call that returns the LSE does not take smoothing (ValueError naming it)."""
+    if return_lse and smoothing:
+        raise ValueError(f"{name}: return_lse=True is not taken with K smoothing: the LSE of attention on the smoothed "
+                         "keys is shifted by softmax_scale * (q . mean of K) per row (docs/numerics.md section 9); "
+                         "pass k_smoothing=False where the LSE is needed (ring / context-parallel merges)")
+
+
 # ---- P format (p_format): the one home of its rules ----------------------------------------------------------
 
 def p_format(x, fmt=None, qk_name="qk_format", name="p_format") -> str:

@@ -270,6 +270,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
     _checks.p_format(pfmt, _checks.qk_format(prepared.qk_format, "prepared.qk_format"), "prepared.qk_format")
+    _checks.lse_with_smoothing(want_lse, _checks.k_smoothing(prepared.k_smoothing, "prepared.k_smoothing"),
+                               "prepared.k_smoothing")
     meta = _checks.check_prepared_fp8(prepared, allow_varlen=True)
     reason = _checks.general_path_reason(meta["head_dim"], meta["seqlen_q"], meta["seqlen_k"])
     _checks.require_fast_path(meta["qk_format"], reason, "prepared.qk_format")
@@ -333,6 +335,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
+    if version != "reference":
+        _checks.lse_with_smoothing(want_lse, smooth)
     if cu_seqlens_q is None and cu_seqlens_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"

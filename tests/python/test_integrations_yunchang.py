@@ -132,14 +132,13 @@ def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
     pol = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8")
     ovy.OpenVCAttnProcessor(policy=pol)(q, q, q, softmax_scale=0.1)
     small = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, k_smoothing=True)
-    ovy.OpenVCAttnProcessor(policy=small)(q, q, q, softmax_scale=0.1)
+    with pytest.raises(ValueError, match="^policy.k_smoothing: yunchang merges the ring's steps by their LSE"):
+        ovy.OpenVCAttnProcessor(policy=small)   # the LSE of smoothed keys is shifted
     exp2 = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", p_format="exp2")
     ovy.OpenVCAttnProcessor(policy=exp2)(q, q, q, softmax_scale=0.1)
     assert seen == [{"qk_format": "int8", "k_smoothing": False, "p_format": "expcast"},
-                    {"qk_format": "e4m3", "k_smoothing": True, "p_format": "expcast"},
                     {"qk_format": "int8", "k_smoothing": False, "p_format": "exp2"}]
-    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=e4m3, k_smoothing"): 1,
-                           ("openvc", "qk_format=int8, p_format=exp2"): 1}
+    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=int8, p_format=exp2"): 1}
 
 
 def test_processor_fallback_callable_and_errors(torch, ovy):

@@ -166,7 +166,7 @@ def test_api_exp2_every_call_form_fake(torch, d):
         mask = torch.ones(2, 700, dtype=torch.bool, device="cuda")
         for fmt in (EXP2, EXP2_PLAIN):
             assert open_vc_attn.attention(q, k, k, **fmt).shape == q.shape
-            out, lse = open_vc_attn.attention(q, k, k, causal=True, return_lse=True, **fmt)
+            out, lse = open_vc_attn.attention(q, k, k, causal=True, return_lse=True, **EXP2_PLAIN)
             assert out.shape == q.shape and lse.shape == (2, 3, 300)
             assert open_vc_attn.attention(q, k, k, key_padding_mask=mask, **fmt).shape == q.shape
             assert open_vc_attn.attention(q, k, k, seqused_k=counts, causal=True, **fmt).shape == q.shape
@@ -179,7 +179,7 @@ def test_api_exp2_every_call_form_fake(torch, d):
             flat_k = torch.empty(900, 3, d, dtype=bf, device="cuda")
             cu = torch.empty(4, dtype=torch.int32, device="cuda")
             out, lse = open_vc_attn.attention(flat_q, flat_k, flat_k, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                              max_seqlen_q=1000, max_seqlen_k=700, return_lse=True, **fmt)
+                                              max_seqlen_q=1000, max_seqlen_k=700, return_lse=True, **EXP2_PLAIN)
             assert out.shape == (1301, 3, d) and lse.shape == (3, 1301)
             pp = open_vc_attn.prepare_fp8(flat_q, flat_k, flat_k, cu, cu, 1000, 700, qk_format="int8")
             assert open_vc_attn.attention_fp8(pp, causal=True, p_format="exp2").shape == (1301, 3, d)
@@ -195,7 +195,7 @@ def test_torch_compile_fullgraph_carries_p_format(torch):
         return gm.forward
 
     def dense(q, k, v):
-        return open_vc_attn.attention(q, k, v, return_lse=True, **EXP2)
+        return open_vc_attn.attention(q, k, v, **EXP2)
 
     def causal(q, k, v):
         return open_vc_attn.attention(q, k, v, causal=True, **EXP2_PLAIN)
@@ -355,11 +355,16 @@ def test_gpu_one_preparation_either_p_format(torch):
     q, k, v = randn_qkv(torch, 2, 700, 900, 3, seed=14)
     counts = torch.tensor([900, 333], dtype=torch.int32, device="cuda")
     p = open_vc_attn.prepare_fp8(q, k, v, seqused_k=counts, **SMOOTH)
-    exp2, lse2 = open_vc_attn.attention_fp8(p, return_lse=True, p_format="exp2")
-    expcast, lse1 = open_vc_attn.attention_fp8(p, return_lse=True)
-    want, want_lse = open_vc_attn.attention(q, k, v, seqused_k=counts, return_lse=True, **EXP2)
-    assert torch.equal(exp2, want) and torch.equal(lse2, want_lse)
+    exp2 = open_vc_attn.attention_fp8(p, p_format="exp2")
+    expcast = open_vc_attn.attention_fp8(p)
+    assert torch.equal(exp2, open_vc_attn.attention(q, k, v, seqused_k=counts, **EXP2))
     assert torch.equal(expcast, open_vc_attn.attention(q, k, v, seqused_k=counts, **SMOOTH))
+    with pytest.raises(ValueError, match="^prepared.k_smoothing: return_lse=True is not taken"):
+        open_vc_attn.attention_fp8(p, return_lse=True, p_format="exp2")
+    plain = open_vc_attn.prepare_fp8(q, k, v, seqused_k=counts, qk_format="int8")
+    lse2 = open_vc_attn.attention_fp8(plain, return_lse=True, p_format="exp2")[1]
+    want_lse = open_vc_attn.attention(q, k, v, seqused_k=counts, return_lse=True, **EXP2_PLAIN)[1]
+    assert torch.equal(lse2, want_lse)
     assert not torch.equal(exp2, expcast)
     assert torch.equal(open_vc_attn.attention_fp8(p, causal=True, p_format="exp2"),
                        open_vc_attn.attention(q, k, v, seqused_k=counts, causal=True, **EXP2))
@@ -426,10 +431,10 @@ def test_gpu_torch_compile_equals_eager_exp2(torch):
     q, k, v = randn_qkv(torch, 2, 700, 900, 2, seed=19)
     cu = torch.tensor([0, 300, 1400], dtype=torch.int32, device="cuda")
     flat = [x.reshape(-1, 2, 128)[:1400].contiguous() for x in (q, k, v)]
-    runs = [(Attn(return_lse=True, **EXP2), (q, k, v)),
+    runs = [(Attn(return_lse=True, **EXP2_PLAIN), (q, k, v)),
             (Attn(causal=True, **EXP2_PLAIN), (q, k, v)),
             (Attn(mid_window_blocks=None, softmax_scale=0.08, **EXP2), (q[0], k[0], v[0])),
-            (Attn(max_seqlen_q=1100, max_seqlen_k=1100, causal=True, return_lse=True, **EXP2), (*flat, cu, cu))]
+            (Attn(max_seqlen_q=1100, max_seqlen_k=1100, causal=True, return_lse=True, **EXP2_PLAIN), (*flat, cu, cu))]
     for module, args in runs:
         eager = module(*args)
         compiled = torch.compile(module, fullgraph=True)(*args)
