@@ -48,7 +48,10 @@ struct Fp8Inputs {
   const float* k_descale = nullptr;   // [B, H, ceil(Sk/128)] (kInt8: [B, H, ceil(Sk/128), kInt8KeyGroups])
   const uint8_t* v_packed = nullptr;  // [B, H, D, packed_seqlen_k(Sk)] E4M3, keys per kPackedKeyOrder
   const float* v_descale = nullptr;   // [B, H]
-  QkFormat qk_format = QkFormat::kE4M3;  // last, so that positional initializers of the fields above stay valid
+  // Last, so that positional initializers of the fields above stay valid. Must be the PrepareParams::qk_format
+  // the arrays were prepared with: the descale arrays have that format's sizes, and the kernel cannot check
+  // them (a mismatch reads past q_descale / k_descale).
+  QkFormat qk_format = QkFormat::kE4M3;
 };
 inline int64_t packed_seqlen_k(int64_t sk) { return (sk + kQuantBlock - 1) / kQuantBlock * kQuantBlock; }
 inline int64_t num_quant_blocks(int64_t s) { return (s + kQuantBlock - 1) / kQuantBlock; }
@@ -91,7 +94,8 @@ struct PrepareParams {
   // kernels clamp every offset to [0, total], so no offset makes them read or write out of bounds.
   int64_t total_q = -1, total_k = -1;
   // Optional per-sequence key counts (device int32, one per batch entry or sequence): keys at or past
-  // seqused_k[s] are padding, excluded from the K block and V maxima and coded 0 (key padding masks).
+  // seqused_k[s] are padding, excluded from the K block and V maxima; their K codes are left unwritten
+  // (attention never reads them) and their packed V columns are 0 (key padding masks).
   const int* seqused_k = nullptr;
   // Outputs (sizes as in Fp8Inputs, or as above for packed sequences).
   uint8_t* q_codes = nullptr;
@@ -100,7 +104,7 @@ struct PrepareParams {
   float* k_descale = nullptr;
   uint8_t* v_packed = nullptr;
   float* v_descale = nullptr;
-  void* workspace = nullptr;          // prepare_workspace_bytes() bytes, 16-byte aligned
+  void* workspace = nullptr;          // prepare_workspace_bytes() bytes, 4-byte aligned (16 with k_smoothing)
   size_t workspace_bytes = 0;
   // K smoothing (numerics sections 1 and 9, either qk_format): per (sequence, head, channel) the mean of
   // the valid keys (key counts respected; double block sums in token order, summed in block order, one

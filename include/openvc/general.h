@@ -2,8 +2,8 @@
 // E4M3 calls the sm_90a fast path (attention_fp8) does not take: sizes past the fast path's 32-bit range
 // (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32) and batched inputs with seqlen_q or seqlen_k 0. It takes
 // every form the fast path takes too (dense, causal, packed cu_seqlens, seqused_k, head_dim 64 and 128),
-// but E4M3 Q/K and ExpCast P only: it does not read in.qk_format, so INT8 codes must not be passed (the
-// Python layer rejects them naming qk_format). It consumes prepare_fp8's outputs, batched or packed, and
+// but E4M3 Q/K and ExpCast P only: in.qk_format kInt8 is rejected (Status::Unsupported naming
+// in.qk_format). It consumes prepare_fp8's outputs, batched or packed, and
 // computes the reference arithmetic: exact FP8 dot products (FP64 accumulation), the same ExpCast
 // codes, tile maxima, traversal and rescale as openvc::reference::attention_expcast. Plain CUDA cores,
 // simple and exact rather than fast. Same rules as attention.h: caller-owned device memory, the
