@@ -196,6 +196,31 @@ __device__ __forceinline__ float int8_score(float acc_bits) {
   else return __int2float_rn(__float_as_int(acc_bits));
 }
 
+// Multipliers of the 32-key column group kb (chunks 4kb..4kb+3) for rows g (lo) and g+8 (hi): one per row
+// pair (float, RowMult), or INT8's per-half multipliers (QuadMult: chunks 0..7 half 0, 8..15 half 1).
+template <typename A>
+__device__ __forceinline__ float group_mult_lo(A a, int) { return mult_lo(a); }
+template <typename A>
+__device__ __forceinline__ float group_mult_hi(A a, int) { return mult_hi(a); }
+__device__ __forceinline__ float group_mult_lo(QuadMult a, int kb) { return kb < 2 ? a.lo0 : a.lo1; }
+__device__ __forceinline__ float group_mult_hi(QuadMult a, int kb) { return kb < 2 ? a.hi0 : a.hi1; }
+
+// The PV A-operand registers of a score tile, in convert_tile's register order: pair(s0, s1, a, b) codes two
+// scores of one row (16 bits of codes in a 32-bit register), pack(x, y) joins two pairs into four codes.
+template <typename A, class Pair, class Pack>
+__device__ __forceinline__ void fill_pv_operand(const float (&s)[64], A a, float b_lo, float b_hi, Pair pair, Pack pack,
+                                                uint32_t (&p)[16]) {
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const float a_lo = group_mult_lo(a, kb), a_hi = group_mult_hi(a, kb);
+    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+    p[4 * kb + 0] = pack(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
+    p[4 * kb + 1] = pack(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
+    p[4 * kb + 2] = pack(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
+    p[4 * kb + 3] = pack(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
+  }
+}
+
 // Codes of the tile straight into the PV A-operand registers: for key group kb (32 keys), a0/a2 take
 // row g's chunks (4kb, 4kb+1)/(4kb+2, 4kb+3) and a1/a3 row g+8's; V's keys are stored permuted
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
@@ -204,32 +229,20 @@ __device__ __forceinline__ float int8_score(float acc_bits) {
 template <bool kClip, bool kMagic = false, typename A>
 __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_lo, float b_hi, uint32_t (&p)[16]) {
   if constexpr (std::is_same_v<A, QuadMult>) {
-    auto pair = [](float s0, float s1, float a_, float b_) {
-      const float x0 = int8_score<kMagic>(s0), x1 = int8_score<kMagic>(s1);
-      return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
-    };
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      const float a_lo = kb < 2 ? a.lo0 : a.lo1, a_hi = kb < 2 ? a.hi0 : a.hi1;
-      const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-      p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
-      p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
-      p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
-      p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
-    }
+    fill_pv_operand(
+        s, a, b_lo, b_hi,
+        [](float s0, float s1, float a_, float b_) {
+          const float x0 = int8_score<kMagic>(s0), x1 = int8_score<kMagic>(s1);
+          return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
+        },
+        [](uint32_t h01, uint32_t h23) { return pack_codes(h01, h23); }, p);
   } else {
-    const float a_lo = mult_lo(a), a_hi = mult_hi(a);
-    auto pair = [](float s0, float s1, float a_, float b_) {
-      return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
-    };
-#pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {
-      const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-      p[4 * kb + 0] = pack_codes(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
-      p[4 * kb + 1] = pack_codes(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
-      p[4 * kb + 2] = pack_codes(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
-      p[4 * kb + 3] = pack_codes(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
-    }
+    fill_pv_operand(
+        s, a, b_lo, b_hi,
+        [](float s0, float s1, float a_, float b_) {
+          return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
+        },
+        [](uint32_t h01, uint32_t h23) { return pack_codes(h01, h23); }, p);
   }
 }
 
@@ -239,18 +252,12 @@ __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_
 template <bool kMagic = false>
 __device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult a, float b_lo, float b_hi,
                                                   uint32_t (&p)[16]) {
-  auto pair = [](float s0, float s1, float a_, float b_) {
-    return exp2_pair(fmaf(int8_score<kMagic>(s0), a_, b_), fmaf(int8_score<kMagic>(s1), a_, b_));
-  };
-#pragma unroll
-  for (int kb = 0; kb < 4; ++kb) {
-    const float a_lo = kb < 2 ? a.lo0 : a.lo1, a_hi = kb < 2 ? a.hi0 : a.hi1;
-    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
-    p[4 * kb + 0] = pack_code_pairs(pair(s[c0 + 0], s[c0 + 1], a_lo, b_lo), pair(s[c1 + 0], s[c1 + 1], a_lo, b_lo));
-    p[4 * kb + 1] = pack_code_pairs(pair(s[c0 + 2], s[c0 + 3], a_hi, b_hi), pair(s[c1 + 2], s[c1 + 3], a_hi, b_hi));
-    p[4 * kb + 2] = pack_code_pairs(pair(s[c2 + 0], s[c2 + 1], a_lo, b_lo), pair(s[c3 + 0], s[c3 + 1], a_lo, b_lo));
-    p[4 * kb + 3] = pack_code_pairs(pair(s[c2 + 2], s[c2 + 3], a_hi, b_hi), pair(s[c3 + 2], s[c3 + 3], a_hi, b_hi));
-  }
+  fill_pv_operand(
+      s, a, b_lo, b_hi,
+      [](float s0, float s1, float a_, float b_) {
+        return exp2_pair(fmaf(int8_score<kMagic>(s0), a_, b_), fmaf(int8_score<kMagic>(s1), a_, b_));
+      },
+      [](uint32_t lo, uint32_t hi) { return pack_code_pairs(lo, hi); }, p);
 }
 
 // Codes of a repair tile against the final max: the same FMA with each key's own multiplier
