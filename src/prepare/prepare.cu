@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/attention.h"
 #include "prepare/kernels.cuh"
@@ -44,7 +45,6 @@ WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k
   return l;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 Status check_positive(const char* name, int64_t v) {
   if (v > 0) return Status::Ok();

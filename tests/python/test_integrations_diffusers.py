@@ -533,10 +533,8 @@ def test_gpu_wan_example(torch, ovd, policy):
     ex = load_example("diffusers_wan")
     model = ex.build_model(heads=12, layers=2)
     inputs = ex.make_inputs(frames=21, height=60, width=104)     # Wan 480p latent: 32,760 tokens
-    res, _, _ = ex.compare(model, inputs, iters=5)
-    print(f"\nWan random 2 layers, 32760 tokens: {res}")
+    res, _, _ = ex.compare(model, inputs, timed=False)   # the routes and the error; speed is the benchmark's job
     # the default policy: 32,760-token self-attention on openvc, the 512-token text cross-attention on SDPA
     few = f"fallback: few keys (512 < {policy.DEFAULT_POLICY.min_key_tokens})"
     assert res["routes"] == {"openvc": 2, few: 2}, res["routes"]
     assert res["rel_l2"] < MAX_REL_L2, res
-    assert res["speedup"] > 1.0, res
