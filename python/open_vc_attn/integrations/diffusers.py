@@ -13,7 +13,10 @@ Three ways to turn it on:
 - :func:`apply` (a pipeline or one model): ``apply(pipe)`` wraps the attention processors of every
   denoiser of the pipeline (``transformer`` and ``transformer_2`` of Wan2.2 A14B, ...), ``apply(model)``
   those of one model; the rest keeps its backends. :func:`remove` undoes it. A wrapped model none of whose
-  calls reach openvc gets one :class:`FallbackWarning` with the reasons.
+  calls reach openvc gets one :class:`FallbackWarning` with the reasons. The processors of CogVideoX,
+  ConsisID, Mochi and EasyAnimate call torch SDPA themselves, so no backend sees their calls: :func:`apply`
+  replaces them with openvc's (:mod:`._diffusers_processors`), which route each call by the same policy
+  and counts, running the original's own SDPA call when the policy does not take it.
 - :func:`openvc_attention` (a block): ``with openvc_attention(): pipe(...)`` makes openvc the active
   backend of every dispatch call without an explicit backend, like diffusers' ``attention_backend``
   context manager (which accepts diffusers' own backend names only).
@@ -43,6 +46,7 @@ import warnings
 import weakref
 
 from . import _diffusers_cp
+from . import _diffusers_processors
 from . import _versions
 from . import policy as _policy
 
@@ -128,10 +132,13 @@ def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=Fal
                                   causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
-def _record(path, reason):
+def _record(path, reason, routes=None):
+    """Counts one call: in every call's counts and in those of the wrapped model running (``routes``, or the
+    one whose processor is running)."""
     _state.counts[(path, reason)] += 1
-    if _state.routes is not None:
-        _state.routes.counts[(path, reason)] += 1
+    routes = routes if routes is not None else _state.routes
+    if routes is not None:
+        routes.counts[(path, reason)] += 1
 
 
 def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
@@ -168,6 +175,22 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
                                              attn_mask=attn_mask)
         return out, lse.transpose(1, 2).contiguous()
     return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
+
+
+def _direct_attention(policy, routes, query, key, value, native, key_mask=None):
+    """``route`` of the processors of :mod:`._diffusers_processors` (models that call torch SDPA
+    themselves): q, k, v [B, S, H, D], key_mask None or a bool key padding mask [B, Sk]; not causal, SDPA's
+    default scale. Returns (out [B, S, H, D] in q's dtype, True) from openvc when the policy takes the
+    call, else (``native()``, False): the original processor's own SDPA call. Counted like every call."""
+    policy = policy if policy is not None else _state.policy
+    path, reason = _policy.choose_path(query, key, value, attn_mask=key_mask, policy=policy)
+    _record(path, reason, routes)
+    if path != _policy.OPENVC:
+        return native(), False
+    fmt = policy.openvc_kwargs()
+    out = (_fast_attention(query, key, value, None, False, key_mask, **fmt) if key_mask is not None
+           else _fast_attention(query, key, value, None, **fmt))
+    return (out if out.dtype == query.dtype else out.to(query.dtype)), True
 
 
 def _openvc_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -321,9 +344,10 @@ class _OpenVCProcessor:
         object.__setattr__(self, "_openvc_inner", inner)
         object.__setattr__(self, "_openvc_policy", policy)
         object.__setattr__(self, "_openvc_routes", routes)
-        object.__setattr__(self, "_openvc_saved_backend", inner._attention_backend)
-        object.__setattr__(self, "_openvc_fallback", getattr(inner._attention_backend, "value",
-                                                             inner._attention_backend))
+        saved = getattr(inner, "_attention_backend", _NO_BACKEND_ATTR)
+        object.__setattr__(self, "_openvc_saved_backend", saved)
+        object.__setattr__(self, "_openvc_fallback",
+                           None if saved is _NO_BACKEND_ATTR else getattr(saved, "value", saved))
         inner._attention_backend = None    # so that dispatch reads the active backend
 
     @property
@@ -366,9 +390,28 @@ def _processors(model):
             yield module, proc
 
 
+# Processors that call dispatch_attention_fn without an _attention_backend attribute (diffusers 0.42.1): their
+# calls run on the active backend, so the wrapper routes them like the others.
+_DISPATCH_WITHOUT_BACKEND_ATTR = ("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5", "Kandinsky6SRAttnProcessor")
+_NO_BACKEND_ATTR = object()     # what _OpenVCProcessor saves for those (remove() deletes the attribute again)
+
+
 def _attention_modules(model):
-    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend)."""
-    return [(m, p) for m, p in _processors(model) if hasattr(p, "_attention_backend")]
+    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend, or
+    are of the classes above)."""
+    return [(m, p) for m, p in _processors(model) if hasattr(p, "_attention_backend")
+            or (type(p).__name__ in _DISPATCH_WITHOUT_BACKEND_ATTR and type(p).__module__.startswith("diffusers."))]
+
+
+def _direct_modules(model):
+    """(module, processor, openvc class) of the processors that call torch SDPA themselves and have an
+    openvc replacement (CogVideoX, ConsisID, Mochi, EasyAnimate)."""
+    found = []
+    for module, proc in _processors(model):
+        cls = _diffusers_processors.replacement(proc)
+        if cls is not None:
+            found.append((module, proc, cls))
+    return found
 
 
 def _no_dispatch_reason(model):
@@ -377,9 +420,9 @@ def _no_dispatch_reason(model):
         return f"{type(model).__name__} has no attention processors"
     return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
             f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
-            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls "
-            f"(in diffusers {TESTED_VERSION}: CogVideoX, ConsisID, Mochi, Allegro, EasyAnimate; "
-            f"docs/integrations/diffusers.md)")
+            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls, "
+            f"and openvc has no replacement for them (in diffusers {TESTED_VERSION}: Allegro, head dim 96; "
+            f"Latte, head dim 72; docs/integrations/diffusers.md)")
 
 
 def _is_pipeline(obj):
@@ -395,8 +438,9 @@ def _denoisers(pipe):
 
 
 def _apply_model(model, policy, fallback, name):
-    modules = _attention_modules(model)
-    if not modules:
+    modules, direct = _attention_modules(model), _direct_modules(model)
+    replaced = any(isinstance(p, _diffusers_processors.DirectProcessor) for _, p in _processors(model))
+    if not modules and not direct and not replaced:
         raise ValueError(f"model: {_no_dispatch_reason(model)}")
     routes = _routes_of.get(model)
     if routes is None:                 # kept after remove(): stats(model) and the one-time warning persist
@@ -412,7 +456,16 @@ def _apply_model(model, policy, fallback, name):
             new._attention_backend = fallback
         module.processor = new
         wrapped += 1
+    for module, proc, cls in direct:     # their fallback is the original's SDPA call, not `fallback`
+        module.processor = cls(proc, functools.partial(_direct_attention, policy, routes),
+                               functools.partial(_skip, routes))
+        wrapped += 1
     return wrapped
+
+
+def _skip(routes, reason):
+    """A call that an openvc processor hands to the original processor whole: counted as a fallback."""
+    _record(_policy.FALLBACK, reason, routes)
 
 
 def apply(model, *, policy=None, fallback=None):
@@ -420,11 +473,13 @@ def apply(model, *, policy=None, fallback=None):
 
     model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
     ``unet``..., is wrapped) or a diffusers model (e.g. ``WanTransformer3DModel``) whose attention processors
-    call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute). Processors already
-    wrapped are left as they are. Returns the number of processors wrapped; for a pipeline a dict
-    ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g. CogVideoX,
-    whose processors call torch SDPA directly); a pipeline denoiser that cannot be routed while another can
-    gets a FallbackWarning with the reason."""
+    call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute) or are among those that
+    openvc replaces (CogVideoX, ConsisID, Mochi, EasyAnimate: :mod:`._diffusers_processors`; ``fallback``
+    does not apply to those, which fall back to their original's torch SDPA call). Processors already
+    wrapped are left as they are. Returns the number of processors wrapped or replaced; for a pipeline a
+    dict ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g.
+    Allegro, whose processors call torch SDPA directly with head dim 96); a pipeline denoiser that cannot be
+    routed while another can gets a FallbackWarning with the reason."""
     _check_policy(policy)
     register()
     fallback = _fallback_name(fallback) if fallback is not None else None   # validated now, not at a call
@@ -455,8 +510,15 @@ def _remove_model(model):
     for module, proc in _attention_modules(model):
         if isinstance(proc, _OpenVCProcessor):
             inner = proc._openvc_inner
-            inner._attention_backend = proc._openvc_saved_backend
+            if proc._openvc_saved_backend is _NO_BACKEND_ATTR:
+                del inner._attention_backend
+            else:
+                inner._attention_backend = proc._openvc_saved_backend
             module.processor = inner
+            removed += 1
+    for module, proc in _processors(model):
+        if isinstance(proc, _diffusers_processors.DirectProcessor):
+            module.processor = proc._openvc_inner
             removed += 1
     routes = _routes_of.get(model)
     if routes is not None and routes.hook is not None:
