@@ -225,7 +225,7 @@ TEST(AttentionCall, SmoothingLseIsTheLseOfTheKeysAsGiven) {
     one_call(a, &out, &plain);
     for (size_t i = 0; i < exact.size(); ++i) shift = std::max(shift, std::fabs(double(plain[i]) - exact[i]));
     EXPECT_LT(err, fmt == openvc::QkFormat::kInt8 ? 0.05 : 0.25) << "max |lse - exact|, qk_format " << int(fmt);
-    EXPECT_LT(shift, fmt == openvc::QkFormat::kInt8 ? 0.05 : 0.5) << "unsmoothed call, qk_format " << int(fmt);
+    EXPECT_LT(shift, fmt == openvc::QkFormat::kInt8 ? 0.1 : 0.5) << "unsmoothed call (its own error with the K offset), qk_format " << int(fmt);
   }
 }
 
