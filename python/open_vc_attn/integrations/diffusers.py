@@ -19,6 +19,11 @@ Three ways to turn it on:
   context manager (which accepts diffusers' own backend names only).
 - :func:`enable` / :func:`disable`: the same, process-wide.
 
+``apply(..., policy=DispatchPolicy(qk_format="auto"))`` lets each wrapped attention module choose its
+format on its first openvc call (:mod:`._auto_format`; :func:`reset_auto` forgets the choices), and
+``apply(pipe, bf16_steps=N)`` runs the pipeline's first N denoising steps on the fallback backend
+(:mod:`._diffusers_steps`).
+
 Context parallelism (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
 ring_degree=...))``): the backend is registered as supporting it; diffusers' own Ulysses all-to-all and
 ring loop run around openvc (:mod:`._diffusers_cp`), ring steps merging by openvc's LSE.
@@ -42,12 +47,14 @@ import functools
 import warnings
 import weakref
 
+from . import _auto_format
 from . import _diffusers_cp
+from . import _diffusers_steps
 from . import _versions
 from . import policy as _policy
 
 __all__ = ["BACKEND_NAME", "TESTED_VERSION", "FallbackWarning", "register", "openvc_attention", "enable",
-           "disable", "apply", "remove", "stats", "reset_stats"]
+           "disable", "apply", "remove", "stats", "reset_stats", "reset_auto"]
 
 BACKEND_NAME = "openvc"
 TESTED_VERSION = "0.42.1"            # the diffusers this module was tested with
@@ -81,9 +88,11 @@ class _State:
     fallback = "native"                 # a diffusers AttentionBackendName value
     counts = collections.Counter()      # (path, reason) -> calls, counted in eager mode
     routes = None                       # the _ModelRoutes of the wrapped model whose processor is running
+    module = None                       # the wrapped processor that is running: the key of its auto choice
 
 
 _state = _State()
+_auto = _auto_format.AutoChoices()      # qk_format="auto": per wrapped processor
 
 
 # ---- diffusers and its version -------------------------------------------------------------------------
@@ -143,17 +152,34 @@ def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, en
         backend=dispatch.AttentionBackendName(_state.fallback), parallel_config=parallel_config)
 
 
+def _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy):
+    fmt = policy.openvc_kwargs()
+    if attn_mask is not None or is_causal:
+        return _fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
+    return _fast_attention(query, key, value, scale, return_lse, **fmt)
+
+
 def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                      enable_gqa=False, return_lse=False):
     """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
     fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
+    policy = _state.policy
     path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
-                                       dropout_p=dropout_p, policy=_state.policy)
+                                       dropout_p=dropout_p, policy=policy)
+    steps = _state.routes.steps if _state.routes is not None else None
+    if path == _policy.OPENVC and steps is not None and steps.bf16_now():
+        path, reason = _policy.FALLBACK, steps.reason        # apply(pipe, bf16_steps=N)
+    res = None
+    if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
+        choice, res = _auto.choose(
+            _state.module, policy,
+            lambda pol: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol),
+            query, key, value, scale=scale, causal=is_causal, key_padding_mask=attn_mask, return_lse=return_lse)
+        path, reason, policy = choice.path, choice.reason, choice.policy
     _record(path, reason)
     if path == _policy.OPENVC:
-        fmt = _state.policy.openvc_kwargs()
-        res = (_fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
-               if attn_mask is not None or is_causal else _fast_attention(query, key, value, scale, return_lse, **fmt))
+        if res is None:
+            res = _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy)
         out, lse = res if return_lse else (res, None)
         out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         return (out, lse.transpose(1, 2).contiguous()) if return_lse else out
@@ -213,10 +239,14 @@ def _fallback_name(fallback):
     return member.value
 
 
-def _check_policy(policy):
+def _check_policy(policy, per_module=False):
     if policy is not None and not isinstance(policy, _policy.DispatchPolicy):
         raise TypeError(f"policy: expected None or an open_vc_attn.integrations.policy.DispatchPolicy, got "
                         f"{type(policy).__name__}")
+    if policy is not None and policy.qk_format == _policy.AUTO and not per_module:
+        # the backend function does not know which module calls it: only apply()'s wrappers do
+        raise ValueError("policy: qk_format='auto' chooses a format per attention module; pass it to "
+                         "apply(pipe or model, policy=...), which wraps each module")
     return policy
 
 
@@ -239,18 +269,19 @@ def register(*, policy=None, fallback=None):
 
 
 @contextlib.contextmanager
-def _routed(policy, fallback, routes=None):
+def _routed(policy, fallback, routes=None, module=None):
     """Makes openvc the active diffusers backend, with this policy and fallback, for the block."""
     registry = _dispatch()._AttentionBackendRegistry
-    saved = registry._active_backend, _state.policy, _state.fallback, _state.routes
+    saved = registry._active_backend, _state.policy, _state.fallback, _state.routes, _state.module
     registry._active_backend = _KEY
     _state.policy = policy if policy is not None else _state.policy
     _state.fallback = fallback
     _state.routes = routes
+    _state.module = module
     try:
         yield
     finally:
-        registry._active_backend, _state.policy, _state.fallback, _state.routes = saved
+        registry._active_backend, _state.policy, _state.fallback, _state.routes, _state.module = saved
 
 
 @contextlib.contextmanager
@@ -260,7 +291,7 @@ def openvc_attention(*, policy=None, fallback=None):
     ``set_attention_backend`` keep that backend)."""
     _check_policy(policy)
     register()
-    with _routed(policy, _fallback_name(fallback), _state.routes):
+    with _routed(policy, _fallback_name(fallback), _state.routes, _state.module):
         yield
 
 
@@ -293,10 +324,13 @@ class _ModelRoutes:
         self.counts = collections.Counter()
         self.decided = False
         self.hook = None
+        self.steps = None                   # the pipeline's _diffusers_steps.StepCounter (bf16_steps)
 
     def after_forward(self, module, args, output):
         if self.decided or not self.counts:
             return                          # no call seen yet (or traced by torch.compile, uncounted)
+        if self.steps is not None and self.steps.bf16_now():
+            return                          # a BF16 first step: openvc was not to be used
         self.decided = True
         if any(path == _policy.OPENVC for path, _ in self.counts):
             return
@@ -345,7 +379,7 @@ class _OpenVCProcessor:
 
     def _openvc_call(self, *args, **kwargs):
         fallback = self._openvc_fallback or _state.fallback
-        with _routed(self._openvc_policy, fallback, self._openvc_routes):
+        with _routed(self._openvc_policy, fallback, self._openvc_routes, self):
             return self._openvc_inner(*args, **kwargs)
 
 
@@ -415,7 +449,18 @@ def _apply_model(model, policy, fallback, name):
     return wrapped
 
 
-def apply(model, *, policy=None, fallback=None):
+def _set_bf16_steps(pipe, denoisers, steps):
+    """Installs a StepCounter on the pipeline's scheduler, shared by its denoisers' routes (0: none),
+    in place of the one an earlier apply installed."""
+    routes = [r for r in (_routes_of.get(comp) for _, comp in denoisers) if r is not None]
+    for old in {id(r.steps): r.steps for r in routes if r.steps is not None}.values():
+        old.remove()
+    counter = _diffusers_steps.StepCounter(pipe, steps) if steps else None
+    for r in routes:
+        r.steps = counter
+
+
+def apply(model, *, policy=None, fallback=None, bf16_steps=None):
     """Routes the attention calls of ``model`` through openvc (see the module doc).
 
     model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
@@ -424,14 +469,26 @@ def apply(model, *, policy=None, fallback=None):
     wrapped are left as they are. Returns the number of processors wrapped; for a pipeline a dict
     ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g. CogVideoX,
     whose processors call torch SDPA directly); a pipeline denoiser that cannot be routed while another can
-    gets a FallbackWarning with the reason."""
-    _check_policy(policy)
+    gets a FallbackWarning with the reason.
+
+    policy: a DispatchPolicy; with ``qk_format="auto"`` each wrapped module chooses its format on its first
+    openvc call (docs/integrations/diffusers.md). bf16_steps (pipelines only): an int N >= 0 runs the calls
+    openvc would take in the first N denoising steps of every run on the fallback backend instead, counted
+    by the pipeline's scheduler (:mod:`._diffusers_steps`) and shown in stats() under their own reason;
+    0 turns it off, None (default) leaves it as an earlier apply set it (off at first)."""
+    _check_policy(policy, per_module=True)
+    if bf16_steps is not None and (isinstance(bf16_steps, bool) or not isinstance(bf16_steps, int) or bf16_steps < 0):
+        raise ValueError(f"bf16_steps: expected None or an int >= 0 (denoising steps run on the fallback backend), "
+                         f"got {bf16_steps!r}")
     register()
     fallback = _fallback_name(fallback) if fallback is not None else None   # validated now, not at a call
     if not _is_pipeline(model):
         if not hasattr(model, "named_modules"):
             raise TypeError(f"model: expected a diffusers model (torch.nn.Module) or pipeline, got "
                             f"{type(model).__name__}")
+        if bf16_steps is not None:
+            raise ValueError(f"bf16_steps: counts a pipeline's denoising steps (by its scheduler); got the model "
+                             f"{type(model).__name__}: pass the pipeline")
         return _apply_model(model, policy, fallback, type(model).__name__)
     denoisers = _denoisers(model)
     if not denoisers:
@@ -447,6 +504,8 @@ def apply(model, *, policy=None, fallback=None):
         raise ValueError(f"model: no denoiser of {type(model).__name__} can be routed: " + " | ".join(skipped))
     for why in skipped:
         warnings.warn(f"open_vc_attn: {type(model).__name__}.{why}", FallbackWarning, stacklevel=2)
+    if bf16_steps is not None:
+        _set_bf16_steps(model, [(n, c) for n, c in denoisers if n in wrapped], bf16_steps)
     return wrapped
 
 
@@ -462,6 +521,9 @@ def _remove_model(model):
     if routes is not None and routes.hook is not None:
         routes.hook.remove()
         routes.hook = None
+    if routes is not None and routes.steps is not None:
+        routes.steps.remove()           # (shared by the pipeline's denoisers: removing twice is harmless)
+        routes.steps = None
     return removed
 
 
@@ -490,3 +552,17 @@ def reset_stats():
     _state.counts.clear()
     for routes in list(_routes_of.values()):
         routes.counts.clear()
+
+
+def reset_auto(model=None):
+    """Forgets the formats that ``qk_format="auto"`` chose, of every module (model None) or of the wrapped
+    modules of one model or pipeline: each chooses again on its next openvc call (eagerly: see
+    :mod:`._auto_format`). remove() and apply() again does the same."""
+    if model is None:
+        _auto.reset()
+        return
+    models = [comp for _, comp in _denoisers(model)] if _is_pipeline(model) else [model]
+    for m in models:
+        for _, proc in _attention_modules(m):
+            if isinstance(proc, _OpenVCProcessor):
+                _auto.reset(proc)
