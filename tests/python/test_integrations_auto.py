@@ -17,7 +17,6 @@ import json
 import math
 import subprocess
 import sys
-import types
 import warnings
 
 import pytest
@@ -271,7 +270,9 @@ def test_choosing_while_capturing_raises(torch, af, monkeypatch):
 
 def test_yunchang_processor_auto(torch, monkeypatch):
     from open_vc_attn.integrations import yunchang as ovy
-    sharp = lambda q, name: {"e4m3": 0.2, "int8": 0.03}.get(name, 0.01) if q.float().std() > 2 else 0.01
+    def sharp(q, name):      # e4m3 fails on the large q, INT8 (no K smoothing: the LSE is kept) passes
+        return {"e4m3": 0.2, "int8": 0.03}.get(name, 0.01) if q.float().std() > 2 else 0.01
+
     fast = StandIn(torch, sharp)
     seen = []
 
