@@ -112,6 +112,13 @@ struct PrepareParams {
   // quantization. Needs the larger workspace (prepare_workspace_bytes(..., true)). Last, so that
   // positional initializers of the fields above stay valid.
   bool k_smoothing = false;
+  // With k_smoothing: optional FP32 output (4-byte aligned) in the LSE's layout, [B, H, seqlen_q] batched or
+  // [H, total_q] packed: q_i . mean(K) per query row (FP32, from the BF16/FP16 q and the smoothing means of
+  // its sequence and head; rows no packed sequence covers are not written). Smoothing shifts row i's scores
+  // by -softmax_scale * q_i . mean(K), which softmax ignores but the LSE does not: the LSE of attention on
+  // the smoothed codes plus softmax_scale times this is the LSE of the keys as given (numerics section 9;
+  // openvc::attention in call.h adds it). Must be null without k_smoothing.
+  float* q_dot_k_mean = nullptr;
 };
 // Workspace of prepare_fp8 (a multiple of 16 bytes): groups = batch, or num_seqs for packed sequences;
 // max_seqlen_k = seqlen_k (batched) or max_seqlen_k (packed), used only with k_smoothing (its per-block

@@ -1,6 +1,6 @@
 """End-to-end transformer forwards of diffusers video models with diffusers' native attention (torch SDPA) and
 with openvc applied (open_vc_attn.integrations.diffusers.apply): seconds per forward, speedup, and the
-attention calls of one forward by path (docs/integrations/diffusers.md, "End to end"; issue 15).
+attention calls of one forward by path (docs/integrations/diffusers.md, "End to end"; issues 15 and 29).
 
     python3 scripts/device/diffusers_e2e.py --json out.json               # all models, GPU (sm_90a)
     python3 scripts/device/diffusers_e2e.py --models ltx --layers 28 --runs 5
@@ -20,6 +20,15 @@ random BF16 weights created on the GPU, at real token counts; only the NUMBER of
   checkpoint's config.json was not at hand; diffusers' class default, 24 heads, gives 8.6 B: --motif-heads),
   1280 x 736 x 121 frames -> 31 x 46 x 80 latent after patching -> 114,080 video tokens; 512 text tokens
   with padding (bool key mask [B, 1, 1, N]); its decoder blocks attend over video + video (228,160 keys).
+- cogvideox: CogVideoXTransformer3DModel (CogVideoX-5B: 48 x 64, 42 blocks, RoPE), 720 x 480 x 49 frames ->
+  13 x 60 x 90 latent -> 17,550 video tokens + 226 text tokens (no text mask: the processor attends all 226);
+  joint attention over [text; video] through openvc's CogVideoX processor (the diffusers one calls torch SDPA
+  itself). The RoPE tables are CogVideoXPipeline's.
+- cogvideox15: the same class as CogVideoX1.5-5B (patch_size_t 2, no patch bias), 1360 x 768 x 81 frames ->
+  21 latent frames, padded to 22 by the pipeline (patch_size_t) -> 11 x 48 x 85 = 44,880 video + 226 text tokens.
+- mochi: MochiTransformer3DModel (Mochi-1 10B: 24 x 128, 48 blocks), 848 x 480 x 85 frames -> 15 x 60 x 106
+  latent -> 23,850 video tokens + 256 text tokens of which 200 are padding: diffusers runs one SDPA per sample
+  over its valid tokens; openvc's processor runs the batch as one call with the padding as key counts.
 
 Times: one warm-up forward per backend, then --runs forwards of each, interleaved (native, openvc, ...)
 so clock drift hits both alike; the median is reported. The calls by path are those of one forward
@@ -92,7 +101,52 @@ MOTIF = {
                  latent=(4, 3, 16, 16), text=(12, 3), text_dim=32),
 }
 
-MODELS = {"hunyuan": HUNYUAN, "ltx": LTX, "motif": MOTIF}
+COGVIDEOX = {
+    "class": "CogVideoXTransformer3DModel",
+    "config": dict(num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, flip_sin_to_cos=True,
+                   freq_shift=0, time_embed_dim=512, text_embed_dim=4096, num_layers=42, dropout=0.0,
+                   attention_bias=True, sample_width=90, sample_height=60, sample_frames=49, patch_size=2,
+                   temporal_compression_ratio=4, max_text_seq_length=226, activation_fn="gelu-approximate",
+                   timestep_activation_fn="silu", norm_elementwise_affine=True, norm_eps=1e-5,
+                   spatial_interpolation_scale=1.875, temporal_interpolation_scale=1.0,
+                   use_rotary_positional_embeddings=True, use_learned_positional_embeddings=False),
+    "stacks": {"num_layers": 42},
+    "default_layers": 42,                       # the whole model: ~1 s per native forward on an H200, 11 GiB
+    "latent": (16, 13, 60, 90),                 # 480 x 720, 49 frames (VAE 4x temporal, 8x spatial)
+    "text": (226, 0),                           # no text mask: padding is attended as the pipeline does
+    "tiny": dict(config=dict(num_attention_heads=2, in_channels=4, out_channels=4, time_embed_dim=8, text_embed_dim=32,
+                             sample_width=16, sample_height=16, sample_frames=9, max_text_seq_length=12),
+                 latent=(4, 3, 16, 16), text=(12, 0), text_dim=32),
+}
+
+COGVIDEOX15 = {
+    "class": "CogVideoXTransformer3DModel",
+    "config": dict(COGVIDEOX["config"], patch_size_t=2, patch_bias=False, sample_width=300, sample_height=300,
+                   sample_frames=81),
+    "stacks": {"num_layers": 42},
+    "default_layers": 21,                       # half: ~2 s per native forward at 45,106 tokens
+    "latent": (16, 22, 96, 170),                # 768 x 1360, 81 frames: 21 latent frames + 1 (patch_size_t)
+    "text": (226, 0),
+    "tiny": dict(config=dict(COGVIDEOX["tiny"]["config"], sample_width=16, sample_height=16),
+                 latent=(4, 4, 16, 16), text=(12, 0), text_dim=32),
+}
+
+MOCHI = {
+    "class": "MochiTransformer3DModel",
+    "config": dict(patch_size=2, num_attention_heads=24, attention_head_dim=128, pooled_projection_dim=1536,
+                   in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=4096, time_embed_dim=256,
+                   activation_fn="swiglu", max_sequence_length=256),
+    "stacks": {"num_layers": 48},
+    "default_layers": 24,                       # half of the 10B model: ~1 s per native forward, 10 GiB
+    "latent": (12, 15, 60, 106),                # 480 x 848, 85 frames (VAE 6x temporal, 8x spatial)
+    "text": (256, 200),
+    "tiny": dict(config=dict(num_attention_heads=2, pooled_projection_dim=32, in_channels=4, text_embed_dim=32,
+                             time_embed_dim=4),
+                 latent=(4, 2, 16, 16), text=(12, 3), text_dim=32),
+}
+
+MODELS = {"hunyuan": HUNYUAN, "ltx": LTX, "motif": MOTIF, "cogvideox": COGVIDEOX, "cogvideox15": COGVIDEOX15,
+          "mochi": MOCHI}
 
 
 def split_layers(stacks, total):
@@ -155,7 +209,19 @@ def text_inputs(torch, tokens, padding, width, gen, device, dtype):
     return states, mask
 
 
-def make_inputs(torch, name, spec, tiny, device, dtype):
+def cogvideox_rope(torch, cfg, frames, height, width, device, dtype):
+    """The RoPE tables CogVideoXPipeline passes ((cos, sin), [video tokens, head dim]), computed on the CPU by
+    the pipeline's own method; frames: latent frames, height / width: latent size."""
+    import types
+    from diffusers import CogVideoXPipeline
+    fake = types.SimpleNamespace(vae_scale_factor_spatial=8, transformer=types.SimpleNamespace(
+        config=types.SimpleNamespace(**{k: cfg.get(k) for k in ("patch_size", "patch_size_t", "sample_width",
+                                                                "sample_height", "attention_head_dim")})))
+    cos, sin = CogVideoXPipeline._prepare_rotary_positional_embeddings(fake, height * 8, width * 8, frames, "cpu")
+    return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
+
+
+def make_inputs(torch, name, spec, tiny, device, dtype, cfg=None):
     """(forward kwargs, video tokens, text tokens) at the model's real token counts (tiny: small ones)."""
     src = spec["tiny"] if tiny else spec
     gen = None if device == "meta" else torch.Generator(device=device).manual_seed(1)   # meta: --shapes-only
@@ -169,8 +235,16 @@ def make_inputs(torch, name, spec, tiny, device, dtype):
         kwargs = dict(hidden_states=latents, encoder_hidden_states=text, timestep=step, encoder_attention_mask=mask,
                       num_frames=f, height=h, width=w, rope_interpolation_scale=(8 / 25, 32, 32))
         return kwargs, f * h * w, t
+    if name.startswith("cogvideox"):          # CogVideoX takes [B, F, C, H, W] and RoPE tables from the pipeline
+        latents = torch.randn(1, f, c, h, w, generator=gen, device=device).to(dtype)
+        kwargs = dict(hidden_states=latents, encoder_hidden_states=text, timestep=step,
+                      image_rotary_emb=cogvideox_rope(torch, cfg, f, h, w, device, dtype))
+        return kwargs, f // (cfg.get("patch_size_t") or 1) * (h // 2) * (w // 2), t
     latents = torch.randn(1, c, f, h, w, generator=gen, device=device).to(dtype)
     video_tokens = f * (h // 2) * (w // 2)
+    if name == "mochi":                         # MochiPipeline passes the tokenizer's mask as bool
+        return dict(hidden_states=latents, encoder_hidden_states=text, timestep=step,
+                    encoder_attention_mask=mask.bool()), video_tokens, t
     if name == "hunyuan":
         pooled = torch.randn(1, src.get("pooled", 768), generator=gen, device=device).to(dtype)
         kwargs = dict(hidden_states=latents, timestep=step, encoder_hidden_states=text, encoder_attention_mask=mask,
@@ -236,6 +310,24 @@ def fast_path_stand_in(torch, ovd, ovp):
         ovp._device_reason, ovd._fast_attention = saved
 
 
+@contextlib.contextmanager
+def meta_shims(torch):
+    """--shapes-only: torch.autocast rejects the meta device (Mochi's RoPE opens one): a no-op there; and
+    torch.nonzero on meta (diffusers' Mochi processor gathers the valid text tokens with it) assumes every
+    element nonzero: shapes only."""
+    from torch.fx.experimental import _config as fx_config
+    saved = torch.autocast, fx_config.meta_nonzero_assume_all_nonzero
+
+    def autocast(device_type, *args, **kwargs):
+        return contextlib.nullcontext() if device_type == "meta" else saved[0](device_type, *args, **kwargs)
+
+    torch.autocast, fx_config.meta_nonzero_assume_all_nonzero = autocast, True
+    try:
+        yield
+    finally:
+        torch.autocast, fx_config.meta_nonzero_assume_all_nonzero = saved
+
+
 def describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model):
     return {"model": name, "class": spec["class"],
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
@@ -254,11 +346,12 @@ def run_model(torch, ovd, name, args, device, dtype, policy):
     cfg, counts = model_config(name, spec, layers, tiny, args.motif_heads)
     t_build = time.perf_counter()
     model = build(torch, name, spec, cfg, device, dtype)
-    inputs, video_tokens, text_tokens = make_inputs(torch, name, spec, tiny, device, dtype)
+    inputs, video_tokens, text_tokens = make_inputs(torch, name, spec, tiny, device, dtype, cfg)
     build_s = time.perf_counter() - t_build
     record = describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model)
     record["build_s"] = round(build_s, 2)
-    print(f"[{name}] {spec['class']}: blocks {counts} (real {spec['stacks']}), {video_tokens} video + "
+    cut = "" if counts == dict(spec["stacks"]) else " -- fewer blocks than the real model (per-block cost kept)"
+    print(f"[{name}] {spec['class']}: blocks {counts} (real {spec['stacks']}{cut}), {video_tokens} video + "
           f"{text_tokens} text tokens, {cfg['num_attention_heads']} x {cfg['attention_head_dim']}, "
           f"{record['params'] / 1e9:.2f} B params, built in {build_s:.1f} s", flush=True)
 
@@ -327,7 +420,7 @@ def table(records):
         blocks = sum(r["blocks"].values())
         sec = r.get("s_per_forward")
         times = (f"{sec['native']:.3f} | {sec['openvc']:.3f} | {r['speedup']:.2f}x" if sec else "- | - | -")
-        lines.append(f"| {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | {r['video_tokens']:,} + "
+        lines.append(f"| {r['model']}: {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | {r['video_tokens']:,} + "
                      f"{r['text_tokens']} ({r['text_padding']}) | {r['heads']} x {r['head_dim']} | {times} | "
                      f"{ov} / {fb} |")
     return "\n".join(lines)
@@ -336,10 +429,11 @@ def table(records):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="hunyuan,ltx,motif", help="comma-separated, of: " + ", ".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
     p.add_argument("--layers", type=int, default=None,
                    help="transformer blocks per model, spread over its stacks in the real proportions (default: "
-                        "per model: hunyuan 6, ltx 28, motif 9; --dry-run: one per stack)")
+                        "per model: " + ", ".join(f"{k} {v['default_layers']}" for k, v in MODELS.items()) +
+                        "; --dry-run: one per stack)")
     p.add_argument("--runs", type=int, default=3, help="timed forwards per backend after the warm-up")
     p.add_argument("--motif-heads", type=int, default=None,
                    help="Motif-Video attention heads (default 12: 2.15 B parameters, the 2B checkpoint's size; "
@@ -408,7 +502,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     for name in args.models:
         try:
-            with fast_path_stand_in(torch, ovd, ovp) if device != "cuda" else contextlib.nullcontext():
+            with fast_path_stand_in(torch, ovd, ovp) if device != "cuda" else contextlib.nullcontext(), \
+                    meta_shims(torch) if device == "meta" else contextlib.nullcontext():
                 records.append(run_model(torch, ovd, name, args, device, torch.bfloat16, policy))
         except Exception as exc:   # noqa: BLE001 - one model's failure is reported, the next still runs
             failed = True

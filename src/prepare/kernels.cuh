@@ -96,6 +96,7 @@ struct QkArgs {
   int heads;
   uint32_t* v_amax;   // [B, H] workspace, zeroed here
   const float* k_mean;  // [B, H, D] K smoothing means (smoothing.cuh), read by the kSmooth kernels only
+  float* q_dot_k_mean;  // kSmooth: optional q_i . mean(K) per query row in the LSE's layout (null: none)
 };
 
 struct VArgs {
@@ -269,6 +270,41 @@ __device__ __forceinline__ uint4 encode16_e4m3(const float (&f)[16], float s) {
   return make_uint4(c[0], c[1], c[2], c[3]);
 }
 
+// K smoothing shifts each score of query row i by -softmax_scale * (q_i . mean(K)), so the LSE of attention on
+// the smoothed keys is the exact one minus that term (numerics section 9). With args.q_dot_k_mean set, the Q
+// blocks write q_i . mean(K) for every row of their tile: FP32, this thread's 16 channels in channel order
+// (one FMA each) then a butterfly sum over the row's kChunksPerToken lanes. Layout of the LSE: batched
+// [B, H, seqlen_q], packed [H, total_q] (rows no sequence covers are not written).
+template <typename T, int D>
+__device__ __forceinline__ void write_q_dot_k_mean(const QkArgs& args, const SeqSpan& span, const CtaCoord& c, int token0,
+                                                   const uint4 (&v)[Tile<D>::kPasses][2]) {
+  using TL = Tile<D>;
+  constexpr int kC = TL::kChunksPerToken;
+  const TokenArgs& q = args.side[0].in;
+  float m[16];
+  load_means<D>(args.k_mean + (static_cast<int64_t>(c.b) * args.heads + c.h) * D, m);
+  const int t = threadIdx.x / kC, sub = threadIdx.x % kC;
+  const int valid = span.len - token0;
+  float* out = args.q_dot_k_mean + token0 +
+               (q.cu_seqlens != nullptr ? c.h * q.total + span.row0
+                                        : (static_cast<int64_t>(c.b) * args.heads + c.h) * q.seqlen);
+#pragma unroll
+  for (int p = 0; p < TL::kPasses; ++p) {
+    const uint32_t w[8] = {v[p][0].x, v[p][0].y, v[p][0].z, v[p][0].w, v[p][1].x, v[p][1].y, v[p][1].z, v[p][1].w};
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float2 e = unpack2<T>(w[i]);
+      acc = fmaf(e.x, m[2 * i], acc);
+      acc = fmaf(e.y, m[2 * i + 1], acc);
+    }
+#pragma unroll
+    for (int o = 1; o < kC; o <<= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+    const int r = t + p * TL::kTokenStep;
+    if (sub == 0 && r < valid) out[r] = acc;
+  }
+}
+
 // ---- (1) Q and K per-block quantization -----------------------------------------------------------
 // Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's. kSmooth: K is smoothed with
 // args.k_mean (padding tokens are left out of the amax explicitly: 0 - mean is not 0).
@@ -323,6 +359,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     }
     return;
   }
+  if constexpr (kSmooth)
+    if (which == 0 && args.q_dot_k_mean != nullptr) write_q_dot_k_mean<T, D>(args, span, c, token0, v);
   const float amax = block_max<D>(thread_amax<T, D>(v), red);
   const float scale_inv = scale_inv_of(amax);
   if (threadIdx.x == 0) *descale = descale_of(amax);
@@ -479,6 +517,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   // Q: one group per row.
   uint4 v[TL::kPasses][2];
   load_tile<D, true>(s.in, span, c.h, token0, v);
+  if constexpr (kSmooth)
+    if (args.q_dot_k_mean != nullptr) write_q_dot_k_mean<T, D>(args, span, c, token0, v);
   float* descale = s.descale + bh * s.in.seqlen;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {

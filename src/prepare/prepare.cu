@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/attention.h"
 #include "prepare/kernels.cuh"
@@ -44,15 +45,14 @@ WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k
   return l;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 Status check_positive(const char* name, int64_t v) {
   if (v > 0) return Status::Ok();
   return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be > 0, got " + std::to_string(v));
 }
 
-Status check_output(const char* name, const void* p, uintptr_t align) {
-  if (p == nullptr) return Status::Invalid(std::string("prepare_fp8: params.") + name + " is null");
+Status check_output(const char* name, const void* p, uintptr_t align, bool optional = false) {
+  if (p == nullptr) return optional ? Status::Ok() : Status::Invalid(std::string("prepare_fp8: params.") + name + " is null");
   if (!aligned(p, align))
     return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be " + std::to_string(align) +
                            "-byte aligned");
@@ -139,6 +139,10 @@ Status validate(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.seqused_k must be 4-byte aligned (int32)");
   if (p.k_smoothing && !aligned(p.workspace, 16))
     return Status::Invalid("prepare_fp8: params.workspace must be 16-byte aligned with k_smoothing");
+  if (p.q_dot_k_mean != nullptr && !p.k_smoothing)
+    return Status::Invalid("prepare_fp8: params.q_dot_k_mean is written with k_smoothing only (the LSE term of the "
+                           "removed K mean); it must be null without it");
+  OPENVC_RETURN_IF_ERROR(check_output("q_dot_k_mean", p.q_dot_k_mean, alignof(float), /*optional=*/true));
   const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
@@ -201,6 +205,7 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   qk.heads = p.heads;
   qk.v_amax = v_amax;
   qk.k_mean = k_mean;
+  qk.q_dot_k_mean = p.q_dot_k_mean;
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
   if (p.k_smoothing) {
     launch_qk<T, D, true>(p, qk, qk_ctas, stream);

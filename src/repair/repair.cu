@@ -12,6 +12,7 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/repair.h"
 #include "repair/build_rows.cuh"
@@ -42,7 +43,6 @@ std::string format_double(double x) {
   return buf;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 size_t align_up(size_t x) { return (x + 255) / 256 * 256; }
 
 // ---- workspace ------------------------------------------------------------------------------------

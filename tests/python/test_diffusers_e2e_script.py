@@ -59,6 +59,9 @@ def test_dry_run_routes_as_on_the_gpu(e2e, tmp_path):
     # Motif: joint attention of the dual and single blocks and the decoder's video + video attention on
     # openvc, the two text cross-attentions (12 keys) on the fallback
     assert calls(recs["motif"]) == {("openvc", ""): 3, ("fallback", "few keys (12 < 100)"): 2}
+    # CogVideoX 1.0 / 1.5 and Mochi: joint attention through openvc's processors (diffusers' call torch SDPA)
+    for name in ("cogvideox", "cogvideox15", "mochi"):
+        assert calls(recs[name]) == {("openvc", ""): 1}, name
     for r in recs.values():
         assert r["rel_l2_openvc_vs_native"] < 0.02      # the stand-in is SDPA in FP32: the mask was passed
         assert len(r["times_s"]["native"]) == len(r["times_s"]["openvc"]) == 1
@@ -74,7 +77,7 @@ def test_dry_run_with_the_formats(e2e, tmp_path):
 
 
 def test_real_shapes_on_meta(e2e, tmp_path):
-    recs = run(e2e, tmp_path, "--shapes-only")
+    recs = run(e2e, tmp_path, "--shapes-only")       # every model
     hy, ltx, motif = recs["hunyuan"], recs["ltx"], recs["motif"]
     assert (hy["video_tokens"], hy["text_tokens"], hy["heads"], hy["head_dim"]) == (118_800, 256, 24, 128)
     assert hy["output_shape"] == [1, 16, 33, 90, 160]
@@ -87,3 +90,15 @@ def test_real_shapes_on_meta(e2e, tmp_path):
     # 9 joint/decoder attentions; 7 text cross-attentions (3 dual + 4 encoder single blocks) to 512 keys
     assert calls(motif) == {("openvc", ""): 9, ("fallback", "few keys (512 < 4096)"): 7}
     assert 0.5e9 < motif["params"] < 0.6e9 and 1.5e9 < hy["params"] < 1.7e9 and 1.8e9 < ltx["params"] < 2.0e9
+    cog, cog15, mochi = recs["cogvideox"], recs["cogvideox15"], recs["mochi"]
+    # CogVideoX-5B, 720 x 480 x 49 frames: 13 x 30 x 45 patches + 226 text tokens, the whole model (5.6 B)
+    assert (cog["video_tokens"], cog["text_tokens"], cog["heads"], cog["head_dim"]) == (17_550, 226, 48, 64)
+    assert cog["output_shape"] == [1, 13, 16, 60, 90] and calls(cog) == {("openvc", ""): 42}
+    assert 5.5e9 < cog["params"] < 5.7e9
+    # CogVideoX1.5-5B, 1360 x 768 x 81 frames: 22 latent frames in pairs: 11 x 48 x 85 patches
+    assert (cog15["video_tokens"], cog15["text_tokens"]) == (44_880, 226) and cog15["config"]["patch_size_t"] == 2
+    assert cog15["output_shape"] == [1, 22, 16, 96, 170] and calls(cog15) == {("openvc", ""): 21}
+    # Mochi-1 (10 B, half the blocks), 848 x 480 x 85 frames: 15 x 30 x 53 patches + 256 text tokens (200 padding)
+    assert (mochi["video_tokens"], mochi["text_tokens"], mochi["text_padding"]) == (23_850, 256, 200)
+    assert (mochi["heads"], mochi["head_dim"]) == (24, 128) and mochi["output_shape"] == [1, 12, 15, 60, 106]
+    assert calls(mochi) == {("openvc", ""): 24} and 4.9e9 < mochi["params"] < 5.2e9

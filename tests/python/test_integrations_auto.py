@@ -10,7 +10,9 @@ first steps of a diffusers pipeline (routed and counted, against runs with indep
 
 - Without torch: the policy's arguments.
 - With torch: open_vc_attn.integrations._auto_format directly, and the yunchang processor.
-- With torch and diffusers (and transformers, for WanPipeline): a small Wan and a Wan2.2-style pipeline.
+- With torch and diffusers (and transformers, for WanPipeline): a small Wan and a Wan2.2-style pipeline; a
+  small CogVideoX, whose processors openvc replaces (auto per replaced processor, bf16_steps with a stand-in
+  pipeline's scheduler).
 - SGLang (not installed here): its impl in a subprocess with stand-ins for the four sglang names it imports.
 """
 import json
@@ -505,6 +507,89 @@ def test_bf16_steps_arguments(torch, ovd):
             run()
     finally:
         ovd.remove(pipe)
+
+
+# ---- diffusers models whose processors openvc replaces (_diffusers_processors): auto and bf16_steps too ----------
+
+def tiny_cogvideox(torch):
+    """CogVideoX 1.0, 2 layers of 2 heads of 64: one joint attention per layer over 8 text + 192 video tokens."""
+    from diffusers import CogVideoXTransformer3DModel
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4,
+                                        num_layers=2, text_embed_dim=32, time_embed_dim=8, sample_width=16,
+                                        sample_height=16, sample_frames=9, patch_size=2,
+                                        max_text_seq_length=8).to(torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(1, 3, 4, 16, 16, generator=g).to(torch.bfloat16),
+                  encoder_hidden_states=torch.randn(1, 8, 32, generator=g).to(torch.bfloat16),
+                  timestep=torch.tensor([500]), return_dict=False)
+    return model, inputs
+
+
+class StepPipe:
+    """What apply(pipe, bf16_steps=...) needs of a pipeline: components and a scheduler; run() makes the
+    denoising loop's calls (set_timesteps, then per step a forward and scheduler.step)."""
+
+    def __init__(self, torch, model, inputs):
+        self.torch, self.inputs = torch, inputs
+        self.components = {"transformer": model}
+        self.scheduler = type("Scheduler", (), {"set_timesteps": lambda self, n: None, "step": lambda self: None})()
+
+    def run(self, steps=2):
+        from open_vc_attn.integrations.diffusers import FallbackWarning
+        self.scheduler.set_timesteps(steps)
+        outs = []
+        for _ in range(steps):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", FallbackWarning)    # the BF16 step is no "no openvc" forward
+                outs.append(forward(self.torch, self.components["transformer"], self.inputs))
+            self.scheduler.step()
+        return outs
+
+
+def test_replaced_processors_auto_per_processor_and_bf16_steps(torch, ovd, diffusers_fast):
+    model, inputs = tiny_cogvideox(torch)
+    with torch.no_grad():
+        model.transformer_blocks[1].attn1.norm_q.weight.mul_(4.0)     # a sharp layer
+    native = forward(torch, model, inputs)
+    diffusers_fast.eps = sharp_when_q_is_large
+    pipe = StepPipe(torch, model, inputs)
+    ovd.apply(pipe, policy=AUTO, bf16_steps=1)
+    try:
+        assert all(type(m.processor).__name__ == "CogVideoXProcessor" for m in model.modules()
+                   if hasattr(m, "processor"))
+        first, second = pipe.run()
+        assert torch.equal(first, native)                 # step 0: the original processors' own SDPA calls
+        # step 1: each replaced processor chooses its own format (the sharp layer INT8 + K smoothing)
+        assert diffusers_fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"] * 2
+        assert not torch.equal(second, native)
+        bf16 = ("fallback", "bf16_steps: first 1 denoising steps on the framework's attention")
+        assert ovd.stats(model) == {bf16: 2, ("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)"): 1,
+                                    ("openvc", "qk_format=int8, k_smoothing (auto: rel L2 0.030 <= 0.05)"): 1}
+        pipe.run()                                        # the kept choices
+        assert diffusers_fast.calls[6:] == ["e4m3", "int8+k_smoothing"]
+        ovd.reset_auto(pipe)                              # the replaced processors choose again
+        pipe.run()
+        assert len(diffusers_fast.calls) == 8 + 6
+    finally:
+        ovd.remove(pipe)
+    assert not any(type(m.processor).__name__ == "CogVideoXProcessor" for m in model.modules()
+                   if hasattr(m, "processor"))
+
+
+def test_replaced_processors_auto_falls_back_to_their_own_sdpa(torch, ovd, diffusers_fast):
+    model, inputs = tiny_cogvideox(torch)
+    native = forward(torch, model, inputs)
+    diffusers_fast.eps = {"e4m3": 0.2, "int8+k_smoothing": 0.2, "int8+k_smoothing+exp2": 0.2}
+    ovd.apply(model, policy=AUTO)
+    try:
+        out = forward(torch, model, inputs)
+    finally:
+        ovd.remove(model)
+    why = "auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.200, int8+k_smoothing+exp2 0.200)"
+    assert ovd.stats(model) == {("fallback", why): 2}
+    assert torch.equal(out, native)
+    assert len(diffusers_fast.calls) == 6
 
 
 # ---- SGLang (stand-ins for its base classes, in a subprocess) -----------------------------------------------------

@@ -363,6 +363,7 @@ def test_gpu_one_preparation_either_p_format(torch):
         open_vc_attn.attention_fp8(p, return_lse=True, p_format="exp2")
     plain = open_vc_attn.prepare_fp8(q, k, v, seqused_k=counts, qk_format="int8")
     lse2 = open_vc_attn.attention_fp8(plain, return_lse=True, p_format="exp2")[1]
+    lse1 = open_vc_attn.attention_fp8(plain, return_lse=True)[1]   # ExpCast's LSE of the same preparation
     want_lse = open_vc_attn.attention(q, k, v, seqused_k=counts, return_lse=True, **EXP2_PLAIN)[1]
     assert torch.equal(lse2, want_lse)
     assert not torch.equal(exp2, expcast)

@@ -1,8 +1,8 @@
 """``DispatchPolicy(qk_format="auto")``: each attention module's format, chosen on its first openvc call.
 
-The module (a wrapped diffusers processor, an SGLang attention impl, a yunchang processor) whose call the
-policy first sends to openvc runs that call once per candidate format, fastest first, through the
-integration's own openvc call (``open_vc_attn.attention`` with the call's arguments), and compares each
+The module (a wrapped or replaced diffusers processor, an SGLang attention impl, a yunchang processor)
+whose call the policy first sends to openvc runs that call once per candidate format, fastest first,
+through the integration's own openvc call (``open_vc_attn.attention`` with the call's arguments), and compares each
 output on :data:`SAMPLE_ROWS` query rows with exact attention of those rows (FP32 scores and softmax over
 all of their keys, in torch). The first format whose rel L2 is <= the policy's ``auto_tolerance`` runs the
 module's calls from then on (its output of this call is returned, not computed again); when none is, the

@@ -13,16 +13,20 @@ Three ways to turn it on:
 - :func:`apply` (a pipeline or one model): ``apply(pipe)`` wraps the attention processors of every
   denoiser of the pipeline (``transformer`` and ``transformer_2`` of Wan2.2 A14B, ...), ``apply(model)``
   those of one model; the rest keeps its backends. :func:`remove` undoes it. A wrapped model none of whose
-  calls reach openvc gets one :class:`FallbackWarning` with the reasons.
+  calls reach openvc gets one :class:`FallbackWarning` with the reasons. The processors of CogVideoX,
+  ConsisID, Mochi and EasyAnimate call torch SDPA themselves, so no backend sees their calls: :func:`apply`
+  replaces them with openvc's (:mod:`._diffusers_processors`), which route each call by the same policy
+  and counts, running the original's own SDPA call when the policy does not take it.
 - :func:`openvc_attention` (a block): ``with openvc_attention(): pipe(...)`` makes openvc the active
   backend of every dispatch call without an explicit backend, like diffusers' ``attention_backend``
   context manager (which accepts diffusers' own backend names only).
 - :func:`enable` / :func:`disable`: the same, process-wide.
 
-``apply(..., policy=DispatchPolicy(qk_format="auto"))`` lets each wrapped attention module choose its
-format on its first openvc call (:mod:`._auto_format`; :func:`reset_auto` forgets the choices), and
-``apply(pipe, bf16_steps=N)`` runs the pipeline's first N denoising steps on the fallback backend
-(:mod:`._diffusers_steps`).
+``apply(..., policy=DispatchPolicy(qk_format="auto"))`` lets each wrapped or replaced attention processor
+choose its format on its first openvc call (:mod:`._auto_format`; :func:`reset_auto` forgets the choices),
+and ``apply(pipe, bf16_steps=N)`` runs the pipeline's first N denoising steps on the fallback backend (a
+replaced processor: its original's SDPA call) (:mod:`._diffusers_steps`). Both decide in :func:`_decide`,
+which the backend function and the replaced processors share.
 
 Context parallelism (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
 ring_degree=...))``): the backend is registered as supporting it; diffusers' own Ulysses all-to-all and
@@ -49,6 +53,7 @@ import weakref
 
 from . import _auto_format
 from . import _diffusers_cp
+from . import _diffusers_processors
 from . import _diffusers_steps
 from . import _versions
 from . import policy as _policy
@@ -137,10 +142,13 @@ def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=Fal
                                   causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
 
 
-def _record(path, reason):
+def _record(path, reason, routes=None):
+    """Counts one call: in every call's counts and in those of the wrapped model running (``routes``, or the
+    one whose processor is running)."""
     _state.counts[(path, reason)] += 1
-    if _state.routes is not None:
-        _state.routes.counts[(path, reason)] += 1
+    routes = routes if routes is not None else _state.routes
+    if routes is not None:
+        routes.counts[(path, reason)] += 1
 
 
 def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
@@ -159,27 +167,36 @@ def _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol
     return _fast_attention(query, key, value, scale, return_lse, **fmt)
 
 
-def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                     enable_gqa=False, return_lse=False):
-    """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
-    fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
-    policy = _state.policy
+def _decide(policy, routes, owner, run, query, key, value, attn_mask=None, is_causal=False, dropout_p=0.0,
+            scale=None, return_lse=False):
+    """The decision every routed call shares: the policy's path, the first BF16 steps of ``routes``' pipeline
+    (bf16_steps), and with ``qk_format="auto"`` the format ``owner`` (the wrapped or replaced processor)
+    chose for this call class. Counts the call. Returns ``run(format policy)``'s result (the openvc call), or
+    None when the call goes to the fallback."""
     path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
                                        dropout_p=dropout_p, policy=policy)
-    steps = _state.routes.steps if _state.routes is not None else None
+    steps = routes.steps if routes is not None else None
     if path == _policy.OPENVC and steps is not None and steps.bf16_now():
         path, reason = _policy.FALLBACK, steps.reason        # apply(pipe, bf16_steps=N)
     res = None
     if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
-        choice, res = _auto.choose(
-            _state.module, policy,
-            lambda pol: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol),
-            query, key, value, scale=scale, causal=is_causal, key_padding_mask=attn_mask, return_lse=return_lse)
+        choice, res = _auto.choose(owner, policy, run, query, key, value, scale=scale, causal=is_causal,
+                                   key_padding_mask=attn_mask, return_lse=return_lse)
         path, reason, policy = choice.path, choice.reason, choice.policy
-    _record(path, reason)
-    if path == _policy.OPENVC:
-        if res is None:
-            res = _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy)
+    _record(path, reason, routes)
+    if path != _policy.OPENVC:
+        return None
+    return res if res is not None else run(policy)
+
+
+def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False, return_lse=False):
+    """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
+    fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
+    res = _decide(_state.policy, _state.routes, _state.module,
+                  lambda pol: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol),
+                  query, key, value, attn_mask, is_causal, dropout_p, scale, return_lse)
+    if res is not None:
         out, lse = res if return_lse else (res, None)
         out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         return (out, lse.transpose(1, 2).contiguous()) if return_lse else out
@@ -194,6 +211,20 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
                                              attn_mask=attn_mask)
         return out, lse.transpose(1, 2).contiguous()
     return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
+
+
+def _direct_attention(policy, routes, owner, query, key, value, native, key_mask=None):
+    """``route`` of the processors of :mod:`._diffusers_processors` (models that call torch SDPA
+    themselves; ``owner``: the processor, the key of its auto choice): q, k, v [B, S, H, D], key_mask None
+    or a bool key padding mask [B, Sk]; not causal, SDPA's default scale. Returns (out [B, S, H, D] in q's
+    dtype, True) from openvc when :func:`_decide` takes the call, else (``native()``, False): the original
+    processor's own SDPA call. Counted like every call."""
+    out = _decide(policy if policy is not None else _state.policy, routes, owner,
+                  lambda pol: _openvc_call(query, key, value, None, False, key_mask, False, pol),
+                  query, key, value, key_mask)
+    if out is None:
+        return native(), False
+    return (out if out.dtype == query.dtype else out.to(query.dtype)), True
 
 
 def _openvc_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -343,6 +374,7 @@ class _ModelRoutes:
 
 
 _routes_of = weakref.WeakKeyDictionary()     # wrapped model -> its _ModelRoutes
+_NO_BACKEND_ATTR = object()     # what _OpenVCProcessor saves for processors without _attention_backend
 
 
 class _OpenVCProcessor:
@@ -355,9 +387,10 @@ class _OpenVCProcessor:
         object.__setattr__(self, "_openvc_inner", inner)
         object.__setattr__(self, "_openvc_policy", policy)
         object.__setattr__(self, "_openvc_routes", routes)
-        object.__setattr__(self, "_openvc_saved_backend", inner._attention_backend)
-        object.__setattr__(self, "_openvc_fallback", getattr(inner._attention_backend, "value",
-                                                             inner._attention_backend))
+        saved = getattr(inner, "_attention_backend", _NO_BACKEND_ATTR)
+        object.__setattr__(self, "_openvc_saved_backend", saved)
+        object.__setattr__(self, "_openvc_fallback",
+                           None if saved is _NO_BACKEND_ATTR else getattr(saved, "value", saved))
         inner._attention_backend = None    # so that dispatch reads the active backend
 
     @property
@@ -393,29 +426,6 @@ def _wrapper_class(inner_cls):
     return type(f"OpenVC{inner_cls.__name__}", (_OpenVCProcessor,), {"__call__": __call__})
 
 
-def _processors(model):
-    for name, module in model.named_modules():
-        proc = getattr(module, "processor", None)
-        if proc is not None and callable(proc):
-            yield module, proc
-
-
-def _attention_modules(model):
-    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend)."""
-    return [(m, p) for m, p in _processors(model) if hasattr(p, "_attention_backend")]
-
-
-def _no_dispatch_reason(model):
-    direct = sorted({type(p).__name__ for _, p in _processors(model)})
-    if not direct:
-        return f"{type(model).__name__} has no attention processors"
-    return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
-            f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
-            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls "
-            f"(in diffusers {TESTED_VERSION}: CogVideoX, ConsisID, Mochi, Allegro, EasyAnimate; "
-            f"docs/integrations/diffusers.md)")
-
-
 def _is_pipeline(obj):
     return not hasattr(obj, "named_modules") and isinstance(getattr(obj, "components", None), dict)
 
@@ -429,9 +439,11 @@ def _denoisers(pipe):
 
 
 def _apply_model(model, policy, fallback, name):
-    modules = _attention_modules(model)
-    if not modules:
-        raise ValueError(f"model: {_no_dispatch_reason(model)}")
+    modules, direct = _diffusers_processors.dispatch_modules(model), _diffusers_processors.direct_modules(model)
+    replaced = any(isinstance(p, _diffusers_processors.DirectProcessor)
+                   for _, p in _diffusers_processors.processors(model))
+    if not modules and not direct and not replaced:
+        raise ValueError(f"model: {_diffusers_processors.no_route_reason(model, TESTED_VERSION)}")
     routes = _routes_of.get(model)
     if routes is None:                 # kept after remove(): stats(model) and the one-time warning persist
         routes = _routes_of[model] = _ModelRoutes(name)
@@ -446,7 +458,14 @@ def _apply_model(model, policy, fallback, name):
             new._attention_backend = fallback
         module.processor = new
         wrapped += 1
-    return wrapped
+    # their fallback is the original's SDPA call, not `fallback`
+    return wrapped + _diffusers_processors.install(model, functools.partial(_direct_attention, policy, routes),
+                                                   functools.partial(_skip, routes))
+
+
+def _skip(routes, reason):
+    """A call that an openvc processor hands to the original processor whole: counted as a fallback."""
+    _record(_policy.FALLBACK, reason, routes)
 
 
 def _set_bf16_steps(pipe, denoisers, steps):
@@ -465,17 +484,20 @@ def apply(model, *, policy=None, fallback=None, bf16_steps=None):
 
     model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
     ``unet``..., is wrapped) or a diffusers model (e.g. ``WanTransformer3DModel``) whose attention processors
-    call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute). Processors already
-    wrapped are left as they are. Returns the number of processors wrapped; for a pipeline a dict
-    ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g. CogVideoX,
-    whose processors call torch SDPA directly); a pipeline denoiser that cannot be routed while another can
-    gets a FallbackWarning with the reason.
+    call ``dispatch_attention_fn`` (they have an ``_attention_backend`` attribute) or are among those that
+    openvc replaces (CogVideoX, ConsisID, Mochi, EasyAnimate: :mod:`._diffusers_processors`; ``fallback``
+    does not apply to those, which fall back to their original's torch SDPA call). Processors already
+    wrapped are left as they are. Returns the number of processors wrapped or replaced; for a pipeline a
+    dict ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g.
+    Allegro, whose processors call torch SDPA directly with head dim 96); a pipeline denoiser that cannot be
+    routed while another can gets a FallbackWarning with the reason.
 
-    policy: a DispatchPolicy; with ``qk_format="auto"`` each wrapped module chooses its format on its first
-    openvc call (docs/integrations/diffusers.md). bf16_steps (pipelines only): an int N >= 0 runs the calls
-    openvc would take in the first N denoising steps of every run on the fallback backend instead, counted
-    by the pipeline's scheduler (:mod:`._diffusers_steps`) and shown in stats() under their own reason;
-    0 turns it off, None (default) leaves it as an earlier apply set it (off at first)."""
+    policy: a DispatchPolicy; with ``qk_format="auto"`` each wrapped or replaced processor chooses its
+    format on its first openvc call (docs/integrations/diffusers.md). bf16_steps (pipelines only): an int
+    N >= 0 runs the calls openvc would take in the first N denoising steps of every run on the fallback
+    (the fallback backend, or a replaced processor's own SDPA call) instead, counted by the pipeline's
+    scheduler (:mod:`._diffusers_steps`) and shown in stats() under their own reason; 0 turns it off, None
+    (default) leaves it as an earlier apply set it (off at first)."""
     _check_policy(policy, per_module=True)
     if bf16_steps is not None and (isinstance(bf16_steps, bool) or not isinstance(bf16_steps, int) or bf16_steps < 0):
         raise ValueError(f"bf16_steps: expected None or an int >= 0 (denoising steps run on the fallback backend), "
@@ -511,12 +533,16 @@ def apply(model, *, policy=None, fallback=None, bf16_steps=None):
 
 def _remove_model(model):
     removed = 0
-    for module, proc in _attention_modules(model):
+    for module, proc in _diffusers_processors.dispatch_modules(model):
         if isinstance(proc, _OpenVCProcessor):
             inner = proc._openvc_inner
-            inner._attention_backend = proc._openvc_saved_backend
+            if proc._openvc_saved_backend is _NO_BACKEND_ATTR:
+                del inner._attention_backend
+            else:
+                inner._attention_backend = proc._openvc_saved_backend
             module.processor = inner
             removed += 1
+    removed += _diffusers_processors.uninstall(model)
     routes = _routes_of.get(model)
     if routes is not None and routes.hook is not None:
         routes.hook.remove()
@@ -563,6 +589,6 @@ def reset_auto(model=None):
         return
     models = [comp for _, comp in _denoisers(model)] if _is_pipeline(model) else [model]
     for m in models:
-        for _, proc in _attention_modules(m):
-            if isinstance(proc, _OpenVCProcessor):
+        for _, proc in _diffusers_processors.processors(m):
+            if isinstance(proc, (_OpenVCProcessor, _diffusers_processors.DirectProcessor)):
                 _auto.reset(proc)

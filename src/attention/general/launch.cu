@@ -6,6 +6,7 @@
 
 #include "attention/call_pointers.h"
 #include "attention/general/kernel.cuh"
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/general.h"
 
@@ -24,7 +25,6 @@ static_assert(packed_order_formula_matches(), "general kernel: kPackedKeyOrder f
 
 std::string str(int64_t x) { return std::to_string(x); }
 
-bool aligned(const void* ptr, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; }
 
 Status validate(const GeneralAttentionParams& p) {
   const Fp8Inputs& in = p.in;

@@ -12,6 +12,7 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/launch.h"
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 
 namespace openvc::sm90 {
@@ -56,7 +57,6 @@ Status make_fp8_map(CUtensorMap* map, const void* base, const cuuint64_t (&dims)
   return Status::Ok();
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 std::string str(int64_t x) { return std::to_string(x); }
 
 // Sequence count and (maximum) lengths of the call's form (attention.h).

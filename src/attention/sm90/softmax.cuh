@@ -185,11 +185,12 @@ __device__ __forceinline__ QuadMult operator*(QuadMult a, float x) {   // probes
 }
 
 // The exact FP32 value of an INT8 tile's int32 score (its bits in a float register): I2FP.F32.S32
-// (exact: |acc| <= D * 127^2 < 2^24). Measured on the H200 (bench int8, S = 73,397 H = 7 and S = 32,760
-// H = 40, paired medians of 7): 17.4-17.6% less kernel time than the all-fast-pipe alternative, IADD of
-// the bits of 1.5 * 2^23 (0x4B400000; 2^22 + acc stays inside the mantissa) then an FADD of -1.5 * 2^23
-// (also exact, the same bytes), which costs two instructions per score where the conversion costs one.
-// kMagic (probe kInt8ConvertMagic): that alternative, for timing.
+// (exact: |acc| <= D * 127^2 < 2^22), on the ALU pipe (Nsight Compute: the XU pipe stays at 1% in the
+// ExpCast INT8 kernel). Measured on the H200 (bench int8, S = 73,397 H = 7 and S = 32,760 H = 40, paired
+// medians of 7): 17.4-23.9% less kernel time than IADD of the bits of 1.5 * 2^23 (0x4B400000) then an FADD
+// of -1.5 * 2^23 (the same bytes; probe kInt8ConvertMagic); and within 0.6% (ExpCast) and 3.5% faster
+// (exp2) than one LOP3 ((acc & 0x7FFFFF) ^ 0x4B400000 = the bits of 1.5 * 2^23 + acc) with the offset
+// folded into the FMA's addend (tried 2026-12-02, not kept).
 template <bool kMagic = false>
 __device__ __forceinline__ float int8_score(float acc_bits) {
   if constexpr (kMagic) return __int_as_float(__float_as_int(acc_bits) + 0x4B400000) - 12582912.0f;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult
       [](float s0, float s1, float a_, float b_) {
         return exp2_pair(fmaf(int8_score<kMagic>(s0), a_, b_), fmaf(int8_score<kMagic>(s1), a_, b_));
       },
-      [](uint32_t lo, uint32_t hi) { return pack_code_pairs(lo, hi); }, p);
+      [](uint16_t lo, uint16_t hi) { return pack_code_pairs(lo, hi); }, p);
 }
 
 // Codes of a repair tile against the final max: the same FMA with each key's own multiplier

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "baselines/vc/grouping.cuh"
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/baselines.h"
 
@@ -43,7 +44,6 @@ Layout layout_of(int batch, int heads, int seqlen) {
   return l;
 }
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 Status invalid(const std::string& what) { return Status::Invalid("vc_grouping: params." + what); }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "baselines/vc/prepare_vc.cuh"
+#include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/baselines.h"
 
@@ -12,7 +13,6 @@ namespace {
 
 constexpr int kD = 128;
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 Status invalid(const std::string& what) { return Status::Invalid("vc_prepare: params." + what); }
 

@@ -380,7 +380,7 @@ TEST(Sm90Int8Exp2P, HeadDim64) {
 // ---- The exp2 conversion on the device against reference::exp2_code ---------------------------------
 // out[4i..4i+3] = the packed register of scores {4i, 4i+1, 4i+2, 4i+3} (pairs (4i, 4i+1) and (4i+2, 4i+3),
 // exp2_pair + pack_code_pairs as in convert_tile_exp2), so byte k must be score 4i+k's code: this pins
-// the PTX operand order of cvt.rn.satfinite.e4m3x2 (second source -> d[7:0]) and the PRMT selector.
+// the PTX operand order of cvt.rn.satfinite.e4m3x2 (second source -> d[7:0]) and the 16-bit join.
 __global__ void exp2_codes_kernel(const float* acc, const float* a, const float* m, uint32_t* out, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;

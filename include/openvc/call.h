@@ -1,0 +1,65 @@
+// One call from BF16/FP16 q, k, v to the attention output: openvc::attention prepares into a caller-owned
+// workspace and attends on the fast path (the sm_90a kernel) or, for what it does not take, the general
+// path (general.h), choosing once (attention_path says which and why). The step-wise prepare_fp8 /
+// attention_fp8 (attention.h) stay for callers that prepare once and attend several times.
+// Same rules as attention.h: device pointers owned by the caller, the caller's stream, no allocation, no
+// host synchronization, no device-to-host read, so a call can be captured in a CUDA graph and replayed
+// with new contents of the same buffers (offsets and key counts included: they are read on the device).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "openvc/attention.h"
+#include "openvc/status.h"
+
+namespace openvc {
+
+struct AttentionCall {
+  DType dtype = DType::kBFloat16;   // of q, k and v alike
+  int heads = 0, head_dim = kHeadDim;
+  // Batched (cu_seqlens null): q [B, Sq, H, D], k and v [B, Sk, H, D] strided views (head dim contiguous).
+  int batch = 0, seqlen_q = 0, seqlen_k = 0;
+  TokenTensorView q, k, v;
+  // Packed sequences (both offsets set; int32 device arrays of num_seqs + 1): q [total_q, H, D], k and v
+  // [total_k, H, D]; max_seqlen_q/k host bounds of every length; batch, seqlen_q, seqlen_k ignored.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int num_seqs = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+  int64_t total_q = -1, total_k = -1;
+  const int* seqused_k = nullptr;   // optional int32 device key counts, one per batch entry or sequence
+  bool causal = false;              // aligned to the end: key j visible to query i iff j <= i + Sk - Sq
+  float softmax_scale = 0.0f;       // <= 0: 1/sqrt(D)
+  int mid_window_blocks = 4;        // key traversal (numerics section 5); kNaturalOrder for natural order
+  QkFormat qk_format = QkFormat::kE4M3;
+  bool k_smoothing = false;
+  PFormat p_format = PFormat::kExpCast;
+  // Outputs: out [B, Sq, H, D] (packed [total_q, H, D]) at the given element strides, out_dtype; optional
+  // lse FP32 natural log, contiguous [B, H, Sq] (packed [H, total_q]). With k_smoothing the LSE is that of
+  // the keys as given (the smoothing term added back, numerics section 9). Packed rows no sequence covers
+  // are not written.
+  void* out = nullptr;
+  int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;
+  DType out_dtype = DType::kBFloat16;
+  float* lse = nullptr;
+};
+
+enum class AttentionPath { kFast, kGeneral };
+
+// Which path openvc::attention takes for this call on `device` (its compute capability and the call's
+// sizes; no pointer is read), and why when it is not the fast path. INT8 Q/K and the exp2 P format run on
+// the fast path only: a call of either that the fast path does not take is Status::Unsupported naming
+// qk_format or p_format, with the reason.
+Status attention_path(const AttentionCall& call, int device, AttentionPath* path, std::string* reason = nullptr);
+
+// Workspace bytes of openvc::attention for this call (the prepared Q/K/V codes and descales, preparation's
+// scratch and, with k_smoothing and an LSE, the LSE term); pointers are not read.
+size_t attention_workspace_bytes(const AttentionCall& call);
+
+// Prepares q, k, v into `workspace` (256-byte aligned, attention_workspace_bytes(call) bytes) and attends,
+// on the current device (the stream's). Invalid arguments give Status::Invalid naming the field.
+Status attention(const AttentionCall& call, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace openvc

@@ -1,0 +1,200 @@
+// openvc::attention (call.h): one call from BF16/FP16 q, k, v. The path is chosen once (attention_path);
+// the workspace holds the prepared arrays, preparation's scratch and the smoothing LSE term, carved in one
+// fixed order that attention_workspace_bytes sizes; then prepare_fp8 and the chosen attention entry run on
+// the caller's stream, and with k_smoothing and an LSE one small kernel adds softmax_scale * q . mean(K).
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/alignment.h"
+#include "common/cuda_check.h"
+#include "openvc/call.h"
+#include "openvc/general.h"
+
+namespace openvc {
+namespace {
+
+constexpr size_t kPartAlign = 256;   // every workspace part (TMA needs 16; 256 keeps parts on their own lines)
+size_t up(size_t x) { return (x + kPartAlign - 1) / kPartAlign * kPartAlign; }
+
+bool packed(const AttentionCall& c) { return c.cu_seqlens_q != nullptr || c.cu_seqlens_k != nullptr; }
+
+// Sizes of the call: groups (batch entries or sequences), query/key rows of the token tensors, and the
+// per-sequence lengths the grids use (seqlen or max_seqlen).
+struct Shape {
+  int64_t groups, rows_q, rows_k, sq, sk;
+};
+Shape shape_of(const AttentionCall& c) {
+  if (packed(c)) return {c.num_seqs, c.total_q, c.total_k, c.max_seqlen_q, c.max_seqlen_k};
+  return {c.batch, int64_t(c.batch) * c.seqlen_q, int64_t(c.batch) * c.seqlen_k, c.seqlen_q, c.seqlen_k};
+}
+
+// Byte offsets of the workspace parts (prepared arrays as attention.h lays them out, then prepare's
+// scratch, then the LSE term), and the total.
+struct Layout {
+  size_t q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, prep, q_dot_k_mean, total;
+  size_t prep_bytes;
+};
+bool wants_lse_term(const AttentionCall& c) { return c.k_smoothing && c.lse != nullptr; }
+Layout layout_of(const AttentionCall& c) {
+  const Shape s = shape_of(c);
+  const int64_t gh = s.groups * c.heads, nq = num_quant_blocks(s.sq), nk = num_quant_blocks(s.sk);
+  const bool int8 = c.qk_format == QkFormat::kInt8;
+  Layout l{};
+  size_t at = 0;
+  auto part = [&](size_t bytes) {
+    const size_t off = at;
+    at += up(bytes);
+    return off;
+  };
+  l.q_codes = part(size_t(s.rows_q) * c.heads * c.head_dim);
+  l.q_descale = part(size_t(gh) * (int8 ? s.sq : nq) * sizeof(float));
+  l.k_codes = part(size_t(s.rows_k) * c.heads * c.head_dim);
+  l.k_descale = part(size_t(gh) * nk * (int8 ? kInt8KeyGroups : 1) * sizeof(float));
+  l.v_packed = part(size_t(gh) * c.head_dim * packed_seqlen_k(s.sk));
+  l.v_descale = part(size_t(gh) * sizeof(float));
+  l.prep_bytes = prepare_workspace_bytes(int(s.groups), c.heads, int(s.sk), c.k_smoothing);
+  l.prep = part(l.prep_bytes);
+  // The LSE's layout: [B, H, Sq] batched, [H, total_q] packed.
+  l.q_dot_k_mean = part(wants_lse_term(c) ? size_t(c.heads) * (packed(c) ? s.rows_q : s.groups * s.sq) * sizeof(float)
+                                          : 0);
+  l.total = at;
+  return l;
+}
+
+Status invalid(const std::string& field, const std::string& what) {
+  return Status::Invalid("attention: call." + field + " " + what);
+}
+
+// What the sizes and the workspace depend on; the step entries check the rest (pointers, strides, offsets),
+// naming their own params fields.
+Status validate_sizes(const AttentionCall& c) {
+  if (c.heads <= 0) return invalid("heads", "must be > 0, got " + std::to_string(c.heads));
+  if (c.head_dim != 64 && c.head_dim != 128)
+    return Status::Unsupported("attention: call.head_dim must be 128 or 64, got " + std::to_string(c.head_dim));
+  if (packed(c)) {
+    if (c.cu_seqlens_q == nullptr || c.cu_seqlens_k == nullptr)
+      return invalid(c.cu_seqlens_q == nullptr ? "cu_seqlens_q" : "cu_seqlens_k",
+                     "is null: packed sequences need both offset arrays");
+    if (c.num_seqs <= 0) return invalid("num_seqs", "must be > 0 with cu_seqlens, got " + std::to_string(c.num_seqs));
+    if (c.max_seqlen_q <= 0 || c.max_seqlen_k <= 0)
+      return invalid(c.max_seqlen_q <= 0 ? "max_seqlen_q" : "max_seqlen_k", "must be > 0 with cu_seqlens");
+    if (c.total_q < 0 || c.total_k < 0)
+      return invalid(c.total_q < 0 ? "total_q" : "total_k", "(token rows of the tensor) is needed with cu_seqlens");
+  } else {
+    if (c.batch <= 0) return invalid("batch", "must be > 0, got " + std::to_string(c.batch));
+    if (c.seqlen_q <= 0 || c.seqlen_k <= 0)
+      return invalid(c.seqlen_q <= 0 ? "seqlen_q" : "seqlen_k", "must be > 0");
+  }
+  if (c.qk_format != QkFormat::kE4M3 && c.qk_format != QkFormat::kInt8)
+    return invalid("qk_format", "must be kE4M3 or kInt8");
+  if (c.p_format != PFormat::kExpCast && c.p_format != PFormat::kExp2)
+    return invalid("p_format", "must be kExpCast or kExp2");
+  if (c.p_format == PFormat::kExp2 && c.qk_format != QkFormat::kInt8)
+    return invalid("p_format", "kExp2 needs qk_format kInt8");
+  return Status::Ok();
+}
+
+// lse[i] += scale * term[i]: the smoothing term of section 9 (-inf rows stay -inf).
+__global__ void add_lse_term_kernel(float* lse, const float* term, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    lse[i] = fmaf(scale, term[i], lse[i]);
+}
+
+template <typename T>
+T* at(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+}  // namespace
+
+Status attention_path(const AttentionCall& c, int device, AttentionPath* path, std::string* reason) {
+  OPENVC_RETURN_IF_ERROR(validate_sizes(c));
+  if (path == nullptr) return invalid("(path)", "is null");
+  const Shape s = shape_of(c);
+  std::string why;
+  if (!device_supports_sm90a(device)) why = "device " + std::to_string(device) + " is not compute capability 9.0";
+  else if (num_quant_blocks(s.sq) * num_quant_blocks(s.sk) * kQuantBlock >= (int64_t(1) << 32))
+    why = "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)";
+  *path = why.empty() ? AttentionPath::kFast : AttentionPath::kGeneral;
+  if (reason != nullptr) *reason = why;
+  if (!why.empty() && c.qk_format == QkFormat::kInt8)
+    return Status::Unsupported("attention: call.qk_format kInt8 runs on the sm_90a fast path only, which does not "
+                               "take this call: " + why);
+  if (!why.empty() && c.p_format == PFormat::kExp2)
+    return Status::Unsupported("attention: call.p_format kExp2 runs on the sm_90a fast path only: " + why);
+  return Status::Ok();
+}
+
+size_t attention_workspace_bytes(const AttentionCall& c) { return layout_of(c).total; }
+
+Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  int device = 0;
+  OPENVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  AttentionPath path;
+  OPENVC_RETURN_IF_ERROR(attention_path(c, device, &path));
+  if (workspace == nullptr) return invalid("(workspace)", "is null");
+  if (!aligned(workspace, kPartAlign)) return invalid("(workspace)", "must be 256-byte aligned");
+  const Layout l = layout_of(c);
+  if (workspace_bytes < l.total)
+    return invalid("(workspace_bytes)", "is " + std::to_string(workspace_bytes) + ", attention_workspace_bytes(call) = " +
+                                            std::to_string(l.total) + " needed");
+  const Shape s = shape_of(c);
+
+  PrepareParams p;
+  p.dtype = c.dtype, p.qk_format = c.qk_format;
+  p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.heads = c.heads, p.head_dim = c.head_dim;
+  p.q = c.q, p.k = c.k, p.v = c.v;
+  p.cu_seqlens_q = c.cu_seqlens_q, p.cu_seqlens_k = c.cu_seqlens_k;
+  p.max_seqlen_q = c.max_seqlen_q, p.max_seqlen_k = c.max_seqlen_k, p.num_seqs = c.num_seqs;
+  p.total_q = c.total_q, p.total_k = c.total_k, p.seqused_k = c.seqused_k;
+  if (!packed(c)) p.max_seqlen_q = p.max_seqlen_k = p.num_seqs = 0, p.total_q = p.total_k = -1;
+  p.q_codes = at<uint8_t>(workspace, l.q_codes), p.q_descale = at<float>(workspace, l.q_descale);
+  p.k_codes = at<uint8_t>(workspace, l.k_codes), p.k_descale = at<float>(workspace, l.k_descale);
+  p.v_packed = at<uint8_t>(workspace, l.v_packed), p.v_descale = at<float>(workspace, l.v_descale);
+  p.workspace = at<void>(workspace, l.prep), p.workspace_bytes = l.prep_bytes;
+  p.k_smoothing = c.k_smoothing;
+  float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
+  p.q_dot_k_mean = term;
+  OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
+
+  Fp8Inputs in;
+  in.batch = c.batch, in.seqlen_q = c.seqlen_q, in.seqlen_k = c.seqlen_k, in.heads = c.heads, in.head_dim = c.head_dim;
+  in.q_codes = p.q_codes, in.q_descale = p.q_descale, in.k_codes = p.k_codes, in.k_descale = p.k_descale;
+  in.v_packed = p.v_packed, in.v_descale = p.v_descale, in.qk_format = c.qk_format;
+  if (path == AttentionPath::kFast) {
+    AttentionParams a;
+    a.in = in;
+    a.out = c.out, a.out_stride_batch = c.out_stride_batch, a.out_stride_seq = c.out_stride_seq;
+    a.out_stride_head = c.out_stride_head, a.lse = c.lse, a.out_dtype = c.out_dtype;
+    a.softmax_scale = c.softmax_scale, a.mid_window_blocks = c.mid_window_blocks, a.causal = c.causal;
+    a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k, a.num_seqs = p.num_seqs;
+    a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
+    a.seqused_k = c.seqused_k, a.p_format = c.p_format;
+    OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
+  } else {
+    GeneralAttentionParams g;
+    g.in = in, g.causal = c.causal;
+    g.cu_seqlens_q = p.cu_seqlens_q, g.cu_seqlens_k = p.cu_seqlens_k, g.num_seqs = p.num_seqs;
+    g.max_seqlen_q = p.max_seqlen_q, g.max_seqlen_k = p.max_seqlen_k, g.total_q = p.total_q, g.total_k = p.total_k;
+    g.seqused_k = c.seqused_k;
+    g.out = c.out, g.out_stride_batch = c.out_stride_batch, g.out_stride_seq = c.out_stride_seq;
+    g.out_stride_head = c.out_stride_head, g.lse = c.lse, g.out_dtype = c.out_dtype;
+    if (packed(c)) g.lse_stride_head = c.total_q;
+    else g.lse_stride_head = c.seqlen_q, g.lse_stride_batch = int64_t(c.heads) * c.seqlen_q;
+    g.softmax_scale = c.softmax_scale, g.mid_window_blocks = c.mid_window_blocks;
+    OPENVC_RETURN_IF_ERROR(attention_general(g, stream));
+  }
+  if (term != nullptr) {
+    const int64_t n = int64_t(c.heads) * (packed(c) ? s.rows_q : s.groups * s.sq);
+    const float scale = c.softmax_scale > 0.0f ? c.softmax_scale : 1.0f / std::sqrt(float(c.head_dim));
+    const int blocks = int(std::min<int64_t>((n + 255) / 256, 4096));
+    if (blocks > 0) {
+      add_lse_term_kernel<<<blocks, 256, 0, stream>>>(c.lse, term, n, scale);
+      OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("add_lse_term_kernel launch");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace openvc
