@@ -6,23 +6,31 @@ EasyAnimate), so that no diffusers attention backend, openvc's included, sees th
 original is kept in ``_openvc_inner`` and put back by ``remove``). A processor computes q, k and v with the
 same module calls, in the same order, as the diffusers processor it replaces (the code below follows
 diffusers 0.42.1's), then hands them, in openvc's ``[B, S, H, D]`` layout, to ``route``:
-``route(q, k, v, native, key_mask=None) -> (out [B, S, H, D], on_openvc)``, which is the integration's
-(:func:`open_vc_attn.integrations.diffusers._direct_attention`: the shared policy, the stats, the openvc
-call). ``native`` is the original's own torch SDPA call on the same tensors: it runs when the policy
+``route(processor, q, k, v, native, key_mask=None) -> (out [B, S, H, D], on_openvc)``, which is the
+integration's (:func:`open_vc_attn.integrations.diffusers._direct_attention`: the shared policy, the first
+BF16 steps, the stats, the openvc call, and with ``qk_format="auto"`` the format chosen for this processor
+object). ``native`` is the original's own torch SDPA call on the same tensors: it runs when the policy
 does not take the call, so the output is then the original processor's bit for bit. Arguments a
 processor here does not handle (an ``attention_mask`` where the model passes none, a Mochi mask that is
 not ``[B, T]``) send the call to the original processor whole, its reason counted through ``skip``.
+
+The functions at the end find a model's attention processors for ``apply``: those that call diffusers'
+dispatch (:func:`dispatch_modules`, wrapped by the integration), those replaced here
+(:func:`direct_modules`, :func:`install`, :func:`uninstall`), and why a model has neither
+(:func:`no_route_reason`).
 
 Importing this module imports neither torch nor diffusers.
 """
 from __future__ import annotations
 
-__all__ = ["DirectProcessor", "CogVideoXProcessor", "MochiProcessor", "EasyAnimateProcessor", "replacement"]
+__all__ = ["DirectProcessor", "CogVideoXProcessor", "MochiProcessor", "EasyAnimateProcessor", "replacement",
+           "processors", "dispatch_modules", "direct_modules", "install", "uninstall", "no_route_reason"]
 
 
 class DirectProcessor:
     """Base: one replaced processor. route/skip come from the integration (bound to the model's policy and
-    counts); every attribute other than ``_openvc_*`` reads from the original processor."""
+    counts; route takes the processor first: the owner of its auto format choice); every attribute other
+    than ``_openvc_*`` reads from the original processor."""
 
     replaces = ()          # the names of the diffusers processor classes this class stands in for
 
@@ -85,7 +93,7 @@ class CogVideoXProcessor(DirectProcessor):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                                   is_causal=False).transpose(1, 2)
 
-        out, _ = self._openvc_route(*_bhsd_to_bshd(query, key, value), native)
+        out, _ = self._openvc_route(self, *_bhsd_to_bshd(query, key, value), native)
         hidden_states = out.reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -134,7 +142,7 @@ class EasyAnimateProcessor(DirectProcessor):
             return F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                                   is_causal=False).transpose(1, 2)
 
-        out, _ = self._openvc_route(*_bhsd_to_bshd(query, key, value), native)
+        out, _ = self._openvc_route(self, *_bhsd_to_bshd(query, key, value), native)
         hidden_states = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is not None:
             t = encoder_hidden_states.shape[1]
@@ -189,7 +197,7 @@ class MochiProcessor(DirectProcessor):
             return _mochi_per_sample(torch, query, key, value, eq, ek, ev, valid).transpose(1, 2)
 
         keep = torch.cat([valid.new_ones(batch, video_len), valid], dim=1)
-        out, on_openvc = self._openvc_route(torch.cat([query, eq], dim=1), torch.cat([key, ek], dim=1),
+        out, on_openvc = self._openvc_route(self, torch.cat([query, eq], dim=1), torch.cat([key, ek], dim=1),
                                             torch.cat([value, ev], dim=1), native, key_mask=keep)
         if on_openvc:
             out = torch.cat([out[:, :video_len], _valid_rows_first(torch, out[:, video_len:], valid)], dim=1)
@@ -247,3 +255,67 @@ def replacement(proc):
     if not cls.__module__.startswith("diffusers."):
         return None
     return _BY_NAME.get(cls.__name__)
+
+
+# ---- a model's attention processors (for the integration's apply / remove) -------------------------------
+
+def processors(model):
+    """(module, processor) of every module of ``model`` with a callable ``processor``."""
+    for _, module in model.named_modules():
+        proc = getattr(module, "processor", None)
+        if proc is not None and callable(proc):
+            yield module, proc
+
+
+# Processors that call dispatch_attention_fn without an _attention_backend attribute (diffusers 0.42.1): their
+# calls run on the active backend, so the integration's wrapper routes them like the others.
+DISPATCH_WITHOUT_BACKEND_ATTR = ("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5", "Kandinsky6SRAttnProcessor")
+
+
+def dispatch_modules(model):
+    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend, or
+    are of the classes above)."""
+    return [(m, p) for m, p in processors(model) if hasattr(p, "_attention_backend")
+            or (type(p).__name__ in DISPATCH_WITHOUT_BACKEND_ATTR and type(p).__module__.startswith("diffusers."))]
+
+
+def direct_modules(model):
+    """(module, processor, openvc class) of the processors that call torch SDPA themselves and have an
+    openvc replacement (CogVideoX, ConsisID, Mochi, EasyAnimate)."""
+    found = []
+    for module, proc in processors(model):
+        cls = replacement(proc)
+        if cls is not None:
+            found.append((module, proc, cls))
+    return found
+
+
+def install(model, route, skip):
+    """Replaces the processors of :func:`direct_modules` with openvc's (route, skip: see the module doc).
+    Returns the number replaced."""
+    found = direct_modules(model)
+    for module, proc, cls in found:
+        module.processor = cls(proc, route, skip)
+    return len(found)
+
+
+def uninstall(model):
+    """Puts the originals of the replaced processors back. Returns the number restored."""
+    restored = 0
+    for module, proc in processors(model):
+        if isinstance(proc, DirectProcessor):
+            module.processor = proc._openvc_inner
+            restored += 1
+    return restored
+
+
+def no_route_reason(model, tested_version):
+    """Why openvc can route none of ``model``'s attention calls (neither dispatch nor replaced processors)."""
+    direct = sorted({type(p).__name__ for _, p in processors(model)})
+    if not direct:
+        return f"{type(model).__name__} has no attention processors"
+    return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
+            f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
+            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls, "
+            f"and openvc has no replacement for them (in diffusers {tested_version}: Allegro, head dim 96; "
+            f"Latte, head dim 72; docs/integrations/diffusers.md)")

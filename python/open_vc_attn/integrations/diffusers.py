@@ -22,6 +22,12 @@ Three ways to turn it on:
   context manager (which accepts diffusers' own backend names only).
 - :func:`enable` / :func:`disable`: the same, process-wide.
 
+``apply(..., policy=DispatchPolicy(qk_format="auto"))`` lets each wrapped or replaced attention processor
+choose its format on its first openvc call (:mod:`._auto_format`; :func:`reset_auto` forgets the choices),
+and ``apply(pipe, bf16_steps=N)`` runs the pipeline's first N denoising steps on the fallback backend (a
+replaced processor: its original's SDPA call) (:mod:`._diffusers_steps`). Both decide in :func:`_decide`,
+which the backend function and the replaced processors share.
+
 Context parallelism (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
 ring_degree=...))``): the backend is registered as supporting it; diffusers' own Ulysses all-to-all and
 ring loop run around openvc (:mod:`._diffusers_cp`), ring steps merging by openvc's LSE.
@@ -45,13 +51,15 @@ import functools
 import warnings
 import weakref
 
+from . import _auto_format
 from . import _diffusers_cp
 from . import _diffusers_processors
+from . import _diffusers_steps
 from . import _versions
 from . import policy as _policy
 
 __all__ = ["BACKEND_NAME", "TESTED_VERSION", "FallbackWarning", "register", "openvc_attention", "enable",
-           "disable", "apply", "remove", "stats", "reset_stats"]
+           "disable", "apply", "remove", "stats", "reset_stats", "reset_auto"]
 
 BACKEND_NAME = "openvc"
 TESTED_VERSION = "0.42.1"            # the diffusers this module was tested with
@@ -85,9 +93,11 @@ class _State:
     fallback = "native"                 # a diffusers AttentionBackendName value
     counts = collections.Counter()      # (path, reason) -> calls, counted in eager mode
     routes = None                       # the _ModelRoutes of the wrapped model whose processor is running
+    module = None                       # the wrapped processor that is running: the key of its auto choice
 
 
 _state = _State()
+_auto = _auto_format.AutoChoices()      # qk_format="auto": per wrapped processor
 
 
 # ---- diffusers and its version -------------------------------------------------------------------------
@@ -150,17 +160,43 @@ def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, en
         backend=dispatch.AttentionBackendName(_state.fallback), parallel_config=parallel_config)
 
 
+def _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy):
+    fmt = policy.openvc_kwargs()
+    if attn_mask is not None or is_causal:
+        return _fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
+    return _fast_attention(query, key, value, scale, return_lse, **fmt)
+
+
+def _decide(policy, routes, owner, run, query, key, value, attn_mask=None, is_causal=False, dropout_p=0.0,
+            scale=None, return_lse=False):
+    """The decision every routed call shares: the policy's path, the first BF16 steps of ``routes``' pipeline
+    (bf16_steps), and with ``qk_format="auto"`` the format ``owner`` (the wrapped or replaced processor)
+    chose for this call class. Counts the call. Returns ``run(format policy)``'s result (the openvc call), or
+    None when the call goes to the fallback."""
+    path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
+                                       dropout_p=dropout_p, policy=policy)
+    steps = routes.steps if routes is not None else None
+    if path == _policy.OPENVC and steps is not None and steps.bf16_now():
+        path, reason = _policy.FALLBACK, steps.reason        # apply(pipe, bf16_steps=N)
+    res = None
+    if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
+        choice, res = _auto.choose(owner, policy, run, query, key, value, scale=scale, causal=is_causal,
+                                   key_padding_mask=attn_mask, return_lse=return_lse)
+        path, reason, policy = choice.path, choice.reason, choice.policy
+    _record(path, reason, routes)
+    if path != _policy.OPENVC:
+        return None
+    return res if res is not None else run(policy)
+
+
 def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                      enable_gqa=False, return_lse=False):
     """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
     fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
-    path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
-                                       dropout_p=dropout_p, policy=_state.policy)
-    _record(path, reason)
-    if path == _policy.OPENVC:
-        fmt = _state.policy.openvc_kwargs()
-        res = (_fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
-               if attn_mask is not None or is_causal else _fast_attention(query, key, value, scale, return_lse, **fmt))
+    res = _decide(_state.policy, _state.routes, _state.module,
+                  lambda pol: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol),
+                  query, key, value, attn_mask, is_causal, dropout_p, scale, return_lse)
+    if res is not None:
         out, lse = res if return_lse else (res, None)
         out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         return (out, lse.transpose(1, 2).contiguous()) if return_lse else out
@@ -177,19 +213,17 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
 
 
-def _direct_attention(policy, routes, query, key, value, native, key_mask=None):
+def _direct_attention(policy, routes, owner, query, key, value, native, key_mask=None):
     """``route`` of the processors of :mod:`._diffusers_processors` (models that call torch SDPA
-    themselves): q, k, v [B, S, H, D], key_mask None or a bool key padding mask [B, Sk]; not causal, SDPA's
-    default scale. Returns (out [B, S, H, D] in q's dtype, True) from openvc when the policy takes the
-    call, else (``native()``, False): the original processor's own SDPA call. Counted like every call."""
-    policy = policy if policy is not None else _state.policy
-    path, reason = _policy.choose_path(query, key, value, attn_mask=key_mask, policy=policy)
-    _record(path, reason, routes)
-    if path != _policy.OPENVC:
+    themselves; ``owner``: the processor, the key of its auto choice): q, k, v [B, S, H, D], key_mask None
+    or a bool key padding mask [B, Sk]; not causal, SDPA's default scale. Returns (out [B, S, H, D] in q's
+    dtype, True) from openvc when :func:`_decide` takes the call, else (``native()``, False): the original
+    processor's own SDPA call. Counted like every call."""
+    out = _decide(policy if policy is not None else _state.policy, routes, owner,
+                  lambda pol: _openvc_call(query, key, value, None, False, key_mask, False, pol),
+                  query, key, value, key_mask)
+    if out is None:
         return native(), False
-    fmt = policy.openvc_kwargs()
-    out = (_fast_attention(query, key, value, None, False, key_mask, **fmt) if key_mask is not None
-           else _fast_attention(query, key, value, None, **fmt))
     return (out if out.dtype == query.dtype else out.to(query.dtype)), True
 
 
@@ -236,10 +270,14 @@ def _fallback_name(fallback):
     return member.value
 
 
-def _check_policy(policy):
+def _check_policy(policy, per_module=False):
     if policy is not None and not isinstance(policy, _policy.DispatchPolicy):
         raise TypeError(f"policy: expected None or an open_vc_attn.integrations.policy.DispatchPolicy, got "
                         f"{type(policy).__name__}")
+    if policy is not None and policy.qk_format == _policy.AUTO and not per_module:
+        # the backend function does not know which module calls it: only apply()'s wrappers do
+        raise ValueError("policy: qk_format='auto' chooses a format per attention module; pass it to "
+                         "apply(pipe or model, policy=...), which wraps each module")
     return policy
 
 
@@ -262,18 +300,19 @@ def register(*, policy=None, fallback=None):
 
 
 @contextlib.contextmanager
-def _routed(policy, fallback, routes=None):
+def _routed(policy, fallback, routes=None, module=None):
     """Makes openvc the active diffusers backend, with this policy and fallback, for the block."""
     registry = _dispatch()._AttentionBackendRegistry
-    saved = registry._active_backend, _state.policy, _state.fallback, _state.routes
+    saved = registry._active_backend, _state.policy, _state.fallback, _state.routes, _state.module
     registry._active_backend = _KEY
     _state.policy = policy if policy is not None else _state.policy
     _state.fallback = fallback
     _state.routes = routes
+    _state.module = module
     try:
         yield
     finally:
-        registry._active_backend, _state.policy, _state.fallback, _state.routes = saved
+        registry._active_backend, _state.policy, _state.fallback, _state.routes, _state.module = saved
 
 
 @contextlib.contextmanager
@@ -283,7 +322,7 @@ def openvc_attention(*, policy=None, fallback=None):
     ``set_attention_backend`` keep that backend)."""
     _check_policy(policy)
     register()
-    with _routed(policy, _fallback_name(fallback), _state.routes):
+    with _routed(policy, _fallback_name(fallback), _state.routes, _state.module):
         yield
 
 
@@ -316,10 +355,13 @@ class _ModelRoutes:
         self.counts = collections.Counter()
         self.decided = False
         self.hook = None
+        self.steps = None                   # the pipeline's _diffusers_steps.StepCounter (bf16_steps)
 
     def after_forward(self, module, args, output):
         if self.decided or not self.counts:
             return                          # no call seen yet (or traced by torch.compile, uncounted)
+        if self.steps is not None and self.steps.bf16_now():
+            return                          # a BF16 first step: openvc was not to be used
         self.decided = True
         if any(path == _policy.OPENVC for path, _ in self.counts):
             return
@@ -332,6 +374,7 @@ class _ModelRoutes:
 
 
 _routes_of = weakref.WeakKeyDictionary()     # wrapped model -> its _ModelRoutes
+_NO_BACKEND_ATTR = object()     # what _OpenVCProcessor saves for processors without _attention_backend
 
 
 class _OpenVCProcessor:
@@ -369,7 +412,7 @@ class _OpenVCProcessor:
 
     def _openvc_call(self, *args, **kwargs):
         fallback = self._openvc_fallback or _state.fallback
-        with _routed(self._openvc_policy, fallback, self._openvc_routes):
+        with _routed(self._openvc_policy, fallback, self._openvc_routes, self):
             return self._openvc_inner(*args, **kwargs)
 
 
@@ -381,48 +424,6 @@ def _wrapper_class(inner_cls):
         return self._openvc_call(*args, **kwargs)
     functools.update_wrapper(__call__, inner_cls.__call__)
     return type(f"OpenVC{inner_cls.__name__}", (_OpenVCProcessor,), {"__call__": __call__})
-
-
-def _processors(model):
-    for name, module in model.named_modules():
-        proc = getattr(module, "processor", None)
-        if proc is not None and callable(proc):
-            yield module, proc
-
-
-# Processors that call dispatch_attention_fn without an _attention_backend attribute (diffusers 0.42.1): their
-# calls run on the active backend, so the wrapper routes them like the others.
-_DISPATCH_WITHOUT_BACKEND_ATTR = ("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5", "Kandinsky6SRAttnProcessor")
-_NO_BACKEND_ATTR = object()     # what _OpenVCProcessor saves for those (remove() deletes the attribute again)
-
-
-def _attention_modules(model):
-    """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend, or
-    are of the classes above)."""
-    return [(m, p) for m, p in _processors(model) if hasattr(p, "_attention_backend")
-            or (type(p).__name__ in _DISPATCH_WITHOUT_BACKEND_ATTR and type(p).__module__.startswith("diffusers."))]
-
-
-def _direct_modules(model):
-    """(module, processor, openvc class) of the processors that call torch SDPA themselves and have an
-    openvc replacement (CogVideoX, ConsisID, Mochi, EasyAnimate)."""
-    found = []
-    for module, proc in _processors(model):
-        cls = _diffusers_processors.replacement(proc)
-        if cls is not None:
-            found.append((module, proc, cls))
-    return found
-
-
-def _no_dispatch_reason(model):
-    direct = sorted({type(p).__name__ for _, p in _processors(model)})
-    if not direct:
-        return f"{type(model).__name__} has no attention processors"
-    return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
-            f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
-            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls, "
-            f"and openvc has no replacement for them (in diffusers {TESTED_VERSION}: Allegro, head dim 96; "
-            f"Latte, head dim 72; docs/integrations/diffusers.md)")
 
 
 def _is_pipeline(obj):
@@ -438,10 +439,11 @@ def _denoisers(pipe):
 
 
 def _apply_model(model, policy, fallback, name):
-    modules, direct = _attention_modules(model), _direct_modules(model)
-    replaced = any(isinstance(p, _diffusers_processors.DirectProcessor) for _, p in _processors(model))
+    modules, direct = _diffusers_processors.dispatch_modules(model), _diffusers_processors.direct_modules(model)
+    replaced = any(isinstance(p, _diffusers_processors.DirectProcessor)
+                   for _, p in _diffusers_processors.processors(model))
     if not modules and not direct and not replaced:
-        raise ValueError(f"model: {_no_dispatch_reason(model)}")
+        raise ValueError(f"model: {_diffusers_processors.no_route_reason(model, TESTED_VERSION)}")
     routes = _routes_of.get(model)
     if routes is None:                 # kept after remove(): stats(model) and the one-time warning persist
         routes = _routes_of[model] = _ModelRoutes(name)
@@ -456,11 +458,9 @@ def _apply_model(model, policy, fallback, name):
             new._attention_backend = fallback
         module.processor = new
         wrapped += 1
-    for module, proc, cls in direct:     # their fallback is the original's SDPA call, not `fallback`
-        module.processor = cls(proc, functools.partial(_direct_attention, policy, routes),
-                               functools.partial(_skip, routes))
-        wrapped += 1
-    return wrapped
+    # their fallback is the original's SDPA call, not `fallback`
+    return wrapped + _diffusers_processors.install(model, functools.partial(_direct_attention, policy, routes),
+                                                   functools.partial(_skip, routes))
 
 
 def _skip(routes, reason):
@@ -468,7 +468,18 @@ def _skip(routes, reason):
     _record(_policy.FALLBACK, reason, routes)
 
 
-def apply(model, *, policy=None, fallback=None):
+def _set_bf16_steps(pipe, denoisers, steps):
+    """Installs a StepCounter on the pipeline's scheduler, shared by its denoisers' routes (0: none),
+    in place of the one an earlier apply installed."""
+    routes = [r for r in (_routes_of.get(comp) for _, comp in denoisers) if r is not None]
+    for old in {id(r.steps): r.steps for r in routes if r.steps is not None}.values():
+        old.remove()
+    counter = _diffusers_steps.StepCounter(pipe, steps) if steps else None
+    for r in routes:
+        r.steps = counter
+
+
+def apply(model, *, policy=None, fallback=None, bf16_steps=None):
     """Routes the attention calls of ``model`` through openvc (see the module doc).
 
     model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
@@ -479,14 +490,27 @@ def apply(model, *, policy=None, fallback=None):
     wrapped are left as they are. Returns the number of processors wrapped or replaced; for a pipeline a
     dict ``{component name: number}``. ValueError naming the reason when nothing can be routed (e.g.
     Allegro, whose processors call torch SDPA directly with head dim 96); a pipeline denoiser that cannot be
-    routed while another can gets a FallbackWarning with the reason."""
-    _check_policy(policy)
+    routed while another can gets a FallbackWarning with the reason.
+
+    policy: a DispatchPolicy; with ``qk_format="auto"`` each wrapped or replaced processor chooses its
+    format on its first openvc call (docs/integrations/diffusers.md). bf16_steps (pipelines only): an int
+    N >= 0 runs the calls openvc would take in the first N denoising steps of every run on the fallback
+    (the fallback backend, or a replaced processor's own SDPA call) instead, counted by the pipeline's
+    scheduler (:mod:`._diffusers_steps`) and shown in stats() under their own reason; 0 turns it off, None
+    (default) leaves it as an earlier apply set it (off at first)."""
+    _check_policy(policy, per_module=True)
+    if bf16_steps is not None and (isinstance(bf16_steps, bool) or not isinstance(bf16_steps, int) or bf16_steps < 0):
+        raise ValueError(f"bf16_steps: expected None or an int >= 0 (denoising steps run on the fallback backend), "
+                         f"got {bf16_steps!r}")
     register()
     fallback = _fallback_name(fallback) if fallback is not None else None   # validated now, not at a call
     if not _is_pipeline(model):
         if not hasattr(model, "named_modules"):
             raise TypeError(f"model: expected a diffusers model (torch.nn.Module) or pipeline, got "
                             f"{type(model).__name__}")
+        if bf16_steps is not None:
+            raise ValueError(f"bf16_steps: counts a pipeline's denoising steps (by its scheduler); got the model "
+                             f"{type(model).__name__}: pass the pipeline")
         return _apply_model(model, policy, fallback, type(model).__name__)
     denoisers = _denoisers(model)
     if not denoisers:
@@ -502,12 +526,14 @@ def apply(model, *, policy=None, fallback=None):
         raise ValueError(f"model: no denoiser of {type(model).__name__} can be routed: " + " | ".join(skipped))
     for why in skipped:
         warnings.warn(f"open_vc_attn: {type(model).__name__}.{why}", FallbackWarning, stacklevel=2)
+    if bf16_steps is not None:
+        _set_bf16_steps(model, [(n, c) for n, c in denoisers if n in wrapped], bf16_steps)
     return wrapped
 
 
 def _remove_model(model):
     removed = 0
-    for module, proc in _attention_modules(model):
+    for module, proc in _diffusers_processors.dispatch_modules(model):
         if isinstance(proc, _OpenVCProcessor):
             inner = proc._openvc_inner
             if proc._openvc_saved_backend is _NO_BACKEND_ATTR:
@@ -516,14 +542,14 @@ def _remove_model(model):
                 inner._attention_backend = proc._openvc_saved_backend
             module.processor = inner
             removed += 1
-    for module, proc in _processors(model):
-        if isinstance(proc, _diffusers_processors.DirectProcessor):
-            module.processor = proc._openvc_inner
-            removed += 1
+    removed += _diffusers_processors.uninstall(model)
     routes = _routes_of.get(model)
     if routes is not None and routes.hook is not None:
         routes.hook.remove()
         routes.hook = None
+    if routes is not None and routes.steps is not None:
+        routes.steps.remove()           # (shared by the pipeline's denoisers: removing twice is harmless)
+        routes.steps = None
     return removed
 
 
@@ -552,3 +578,17 @@ def reset_stats():
     _state.counts.clear()
     for routes in list(_routes_of.values()):
         routes.counts.clear()
+
+
+def reset_auto(model=None):
+    """Forgets the formats that ``qk_format="auto"`` chose, of every module (model None) or of the wrapped
+    modules of one model or pipeline: each chooses again on its next openvc call (eagerly: see
+    :mod:`._auto_format`). remove() and apply() again does the same."""
+    if model is None:
+        _auto.reset()
+        return
+    models = [comp for _, comp in _denoisers(model)] if _is_pipeline(model) else [model]
+    for m in models:
+        for _, proc in _diffusers_processors.processors(m):
+            if isinstance(proc, (_OpenVCProcessor, _diffusers_processors.DirectProcessor)):
+                _auto.reset(proc)

@@ -15,7 +15,10 @@ calls are a small part of a video model's time. This function is the one place t
 The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``): every
 integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
 reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing, p_format=exp2")``; "" for the defaults),
-so the integrations' ``stats()`` show the format.
+so the integrations' ``stats()`` show the format. ``qk_format="auto"`` leaves the format to each attention
+module's first openvc call (:mod:`._auto_format`: the fastest format whose error on a sample of rows is
+within ``auto_tolerance``, else the framework's attention); :func:`choose_path` then answers
+``(OPENVC, "qk_format=auto")`` and the integration replaces the label with the module's choice.
 
 Imports nothing heavy: the arguments are duck-typed tensors, torch is imported only for the capability
 query of CUDA devices.
@@ -23,13 +26,16 @@ query of CUDA devices.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 from .. import _checks
 
-__all__ = ["OPENVC", "FALLBACK", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path"]
+__all__ = ["OPENVC", "FALLBACK", "AUTO", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path"]
 
 OPENVC = "openvc"
 FALLBACK = "fallback"
+AUTO = "auto"               # qk_format of a policy that lets each module's first call choose (_auto_format)
 
 # The measurement DispatchPolicy's defaults come from (repository path; a test checks the two agree).
 CROSSOVER_RECORD = "bench/results/2026-12-01-h200-compact-packed/dispatch_floor_oneshot.json"
@@ -59,6 +65,19 @@ class DispatchPolicy:
     p_format: P's code in every openvc call (:func:`open_vc_attn.attention`'s argument): "expcast" (default) or
     "exp2" (E4M3 of an exact exponential, more accurate), which needs qk_format "int8": ValueError naming
     p_format otherwise, or for anything but the two strings.
+    qk_format="auto": each attention module's first openvc call runs the candidate formats, fastest first
+    (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; without K smoothing where the call returns its
+    LSE), measures each one's rel L2 against exact FP32 attention on 256 sampled query rows, and keeps the
+    first within auto_tolerance for that module's calls, or sends them to the framework's attention when
+    none is (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing
+    and p_format are then part of the choice: ValueError naming them unless they keep their defaults.
+    auto_tolerance (default 0.05): the largest rel L2 of the sampled rows a format may have; a finite
+    real > 0, else ValueError naming it. Why 0.05: SageAttention2, the quantized attention video users pick
+    for quality, measured 3.73-5.75% on issue 25's five inputs (docs/performance.md, fourth session), so
+    0.05 accepts a format whose error on the module's own rows is at that level. On the measured inputs
+    E4M3 passes on video-like ones (2.20%) and fails on sharp ones (13-21%), where INT8 + K smoothing
+    (3.80-5.36%) passes on most; flat N(0,1) rows take INT8 (E4M3 5.52%, INT8 + smoothing 4.11%). Read only
+    with qk_format="auto".
     """
     min_query_tokens: int = 4096
     min_key_tokens: int = 4096
@@ -66,11 +85,26 @@ class DispatchPolicy:
     qk_format: str = "e4m3"
     k_smoothing: bool = False
     p_format: str = "expcast"
+    auto_tolerance: float = 0.05
 
     def __post_init__(self):
-        _checks.qk_format(self.qk_format)
         _checks.k_smoothing(self.k_smoothing)
-        _checks.p_format(self.p_format, self.qk_format)
+        if self.qk_format == AUTO:
+            _checks.p_format(self.p_format)
+            for name, default in (("k_smoothing", False), ("p_format", "expcast")):
+                if getattr(self, name) != default:
+                    raise ValueError(f"{name}: qk_format='auto' chooses it with the format (got {name}="
+                                     f"{getattr(self, name)!r}); leave it at {default!r}, or pass a fixed qk_format")
+        else:
+            try:
+                _checks.qk_format(self.qk_format)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (or 'auto': chosen per module, auto_tolerance)") from None
+            _checks.p_format(self.p_format, self.qk_format)
+        tol = self.auto_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol <= 0:
+            raise ValueError(f"auto_tolerance: expected a finite real > 0 (the largest rel L2 against exact "
+                             f"attention a format may have on the sampled rows, e.g. 0.05), got {tol!r}")
         for name in ("min_query_tokens", "min_key_tokens"):
             val = getattr(self, name)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -82,14 +116,21 @@ class DispatchPolicy:
     def format_label(self) -> str:
         """The reason choose_path gives with OPENVC: "" for E4M3 without K smoothing with ExpCast P (the
         defaults), else "qk_format=int8", "qk_format=int8, k_smoothing", "qk_format=e4m3, k_smoothing", with
-        ", p_format=exp2" appended when p_format is not the default."""
+        ", p_format=exp2" appended when p_format is not the default; "qk_format=auto" for an auto policy
+        (the integrations replace it with the module's choice)."""
         if self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast":
             return ""
+        if self.qk_format == AUTO:
+            return "qk_format=auto"
         return (f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
                 + (f", p_format={self.p_format}" if self.p_format != "expcast" else ""))
 
     def openvc_kwargs(self) -> dict:
-        """The format arguments of :func:`open_vc_attn.attention` (what the integrations pass)."""
+        """The format arguments of :func:`open_vc_attn.attention` (what the integrations pass). An auto
+        policy has none until a module chose (ValueError)."""
+        if self.qk_format == AUTO:
+            raise ValueError("qk_format: 'auto' is chosen per module on its first call (integrations._auto_format); "
+                             "it has no fixed format arguments")
         return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing, "p_format": self.p_format}
 
 

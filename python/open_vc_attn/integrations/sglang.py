@@ -45,12 +45,13 @@ from sglang.multimodal_gen.runtime.layers.attention.backends.attention_backend i
 from sglang.multimodal_gen.runtime.layers.attention.backends.sdpa import SDPABackend, SDPAImpl
 from sglang.multimodal_gen.runtime.platforms import AttentionBackendEnum
 
+from . import _auto_format
 from . import _versions
 from . import policy as _policy
 
 __all__ = ["OpenVCAttentionBackend", "OpenVCAttentionImpl", "OpenVCAttentionMetadata",
            "OpenVCAttentionMetadataBuilder", "install", "uninstall", "is_installed", "stats", "reset_stats",
-           "BACKEND_QUALNAME", "TESTED_VERSION"]
+           "reset_auto", "BACKEND_QUALNAME", "TESTED_VERSION"]
 
 BACKEND_QUALNAME = f"{__name__}.OpenVCAttentionBackend"
 TESTED_VERSION = "0.5.10.post1"      # the sglang this module was tested with
@@ -67,6 +68,7 @@ _REPLACEABLE = {
 
 _counts = collections.Counter()     # (path, reason) -> calls (eager)
 _default_policy = [_policy.DEFAULT_POLICY]
+_auto = _auto_format.AutoChoices()   # qk_format="auto": per impl (one per attention layer)
 
 
 def _fast_attention(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False,
@@ -127,10 +129,18 @@ class OpenVCAttentionImpl(AttentionImpl):
         return_softmax_lse, (out, lse) with lse float32 [B, H, Sq] (natural log, FlashAttention's layout)."""
         path, reason = _policy.choose_path(query, key, value, causal=self.causal, dropout_p=self.dropout_p,
                                            policy=self.policy)
+        policy, res = self.policy, None
+        if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
+            choice, res = _auto.choose(
+                self, policy, lambda pol: _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse,
+                                                          self.causal, **pol.openvc_kwargs()),
+                query, key, value, scale=self.softmax_scale, causal=self.causal, return_lse=return_softmax_lse)
+            path, reason, policy = choice.path, choice.reason, choice.policy
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse, self.causal,
-                                  **self.policy.openvc_kwargs())
+            if res is None:
+                res = _fast_attention(query, key, value, self.softmax_scale, return_softmax_lse, self.causal,
+                                      **policy.openvc_kwargs())
             out, lse = res if return_softmax_lse else (res, None)
             out = out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
             return (out, lse) if return_softmax_lse else out
@@ -151,10 +161,19 @@ class OpenVCAttentionImpl(AttentionImpl):
         one read of cu_seqlens). Rows past cu_seqlens[-1] are 0."""
         path, reason = _policy.choose_varlen_path(query, key, value, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                                   causal=self.causal, dropout_p=self.dropout_p, policy=self.policy)
+        policy, out = self.policy, None
+        if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
+            choice, out = _auto.choose(
+                self, policy, lambda pol: _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen,
+                                                                 self.softmax_scale, self.causal, **pol.openvc_kwargs()),
+                query, key, value, scale=self.softmax_scale, causal=self.causal, cu_seqlens=cu_seqlens,
+                lengths=(max_seqlen, max_seqlen))
+            path, reason, policy = choice.path, choice.reason, choice.policy
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            out = _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen, self.softmax_scale, self.causal,
-                                         **self.policy.openvc_kwargs())
+            if out is None:
+                out = _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen, self.softmax_scale,
+                                             self.causal, **policy.openvc_kwargs())
             return out if out.dtype == query.dtype else out.to(query.dtype)   # openvc writes BF16
         own = getattr(self.fallback, "forward_varlen", None)
         if own is not None:          # SGLang releases with packed varlen attention
@@ -315,3 +334,9 @@ def stats():
 
 def reset_stats():
     _counts.clear()
+
+
+def reset_auto(impl=None):
+    """Forgets the formats ``qk_format="auto"`` chose, of one impl or (None) of all: the next openvc call of
+    each chooses again (eagerly, before any CUDA graph capture)."""
+    _auto.reset(impl)

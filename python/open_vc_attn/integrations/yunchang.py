@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import collections
 
+from . import _auto_format
 from . import _versions
 from . import policy as _policy
 
 __all__ = ["ATTN_TYPE", "TESTED_VERSION", "OpenVCAttnProcessor", "check_hook", "long_context_attention",
-           "stats", "reset_stats"]
+           "stats", "reset_stats", "reset_auto"]
 
 # Not a yunchang AttnType member: the value that makes yunchang's selection return the attn_processor.
 ATTN_TYPE = "openvc"
@@ -44,6 +45,7 @@ _UNTESTED_ENV = "OPENVC_YUNCHANG_UNTESTED"
 _ZERO_LSE_TYPES = ("TORCH_MATH", "TORCH_CUDNN")
 
 _counts = collections.Counter()     # (path, reason) -> calls (eager)
+_auto = _auto_format.AutoChoices()  # qk_format="auto": per processor (give each layer its own for per-layer choices)
 
 
 def _fast_attention(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
@@ -129,10 +131,18 @@ class OpenVCAttnProcessor:
                  softcap=0.0, alibi_slopes=None, return_softmax=False, **kwargs):
         """q [B, Sq, H, D], k and v [B, Sk, Hk, D] -> (out [B, Sq, H, D] in q's dtype, lse float32 [B, H, Sq])."""
         path, reason = self._choose(q, k, v, dropout_p, causal, window_size, softcap, alibi_slopes)
+        policy = self.policy if self.policy is not None else _policy.DEFAULT_POLICY
+        res = None
+        if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
+            # the first call of a class (e.g. the first ring step) chooses; the candidates keep the LSE exact
+            choice, res = _auto.choose(
+                self, policy, lambda pol: _fast_attention(q, k, v, softmax_scale, causal, **pol.openvc_kwargs()),
+                q, k, v, scale=softmax_scale, causal=causal, return_lse=True)
+            path, reason, policy = choice.path, choice.reason, choice.policy
         _counts[(path, reason)] += 1
         if path == _policy.OPENVC:
-            policy = self.policy if self.policy is not None else _policy.DEFAULT_POLICY
-            out, lse = _fast_attention(q, k, v, softmax_scale, causal, **policy.openvc_kwargs())
+            out, lse = res if res is not None else _fast_attention(q, k, v, softmax_scale, causal,
+                                                                   **policy.openvc_kwargs())
             return (out if out.dtype == q.dtype else out.to(q.dtype)), lse   # openvc writes BF16
         return self.fallback(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                              window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -179,3 +189,9 @@ def stats():
 
 def reset_stats():
     _counts.clear()
+
+
+def reset_auto(processor=None):
+    """Forgets the formats ``qk_format="auto"`` chose, of one processor or (None) of all: the next openvc
+    call of each chooses again (eagerly, before any CUDA graph capture)."""
+    _auto.reset(processor)
