@@ -29,6 +29,7 @@ namespace ref = openvc::reference;
 void register_gpu(nb::module_& m);  // gpu.cc
 void register_vc(nb::module_& m);   // gpu_vc.cc
 void register_repair(nb::module_& m);  // gpu_repair.cc
+void register_gpu_call(nb::module_& m);  // gpu_call.cc
 
 namespace {
 
@@ -344,6 +345,7 @@ NB_MODULE(_openvc_ext, m) {
         nb::arg("key_tile") = 128, nb::arg("causal") = false);
   m.def("compare", &compare, nb::arg("out"), nb::arg("ref"));
   register_gpu(m);
+  register_gpu_call(m);
   register_vc(m);
   register_repair(m);
 }

@@ -50,12 +50,14 @@ def k_smoothing(x, name="k_smoothing") -> bool:
 
 def lse_with_smoothing(return_lse, smoothing, name="k_smoothing"):
     """K smoothing subtracts K's channel mean m, so the kernel's row LSE is the exact one minus
-    softmax_scale * q_i . m (the output is unchanged: softmax ignores a per-row shift). Until the LSE gets
-    that term back, a call that returns the LSE does not take smoothing (ValueError naming it)."""
+    softmax_scale * q_i . m (the output is unchanged: softmax ignores a per-row shift). attention() adds that
+    term back (the C++ one-call entry); attention_fp8 on a smoothed preparation cannot (the preparation holds
+    no q . m), so it does not return an LSE (ValueError naming it)."""
     if return_lse and smoothing:
         raise ValueError(f"{name}: return_lse=True is not taken with K smoothing: the LSE of attention on the smoothed "
                          "keys is shifted by softmax_scale * (q . mean of K) per row (docs/numerics.md section 9); "
-                         "pass k_smoothing=False where the LSE is needed (ring / context-parallel merges)")
+                         "open_vc_attn.attention(..., k_smoothing=True, return_lse=True) returns the LSE of the keys "
+                         "as given, or prepare with k_smoothing=False where the LSE is needed")
 
 
 # ---- P format (p_format): the one home of its rules ----------------------------------------------------------

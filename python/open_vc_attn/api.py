@@ -148,12 +148,10 @@ def _warn_general_path(reason):
 
 
 def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   seqused_k=None, names=("q", "q"), out_dtype=None, checked=False, qk_format="e4m3",
-                   p_format="expcast"):
+                   seqused_k=None, names=("q", "q"), out_dtype=None, qk_format="e4m3", p_format="expcast"):
     """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
     seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
-    heads, for the general path's grid-limit message. checked: tensors are the fresh outputs of a
-    preparation of checked arguments (attention()), so the ops need not check them again (ops.direct).
+    heads, for the general path's grid-limit message.
     qk_format: the preparation's (checked; "int8" never reaches the general path: the callers check it).
     p_format: checked against qk_format ("exp2" is INT8 only, so it never reaches the general path either)."""
     from . import ops  # imports torch and registers every custom op, on first use
@@ -163,7 +161,7 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
     reason = _checks.general_path_reason(int(qc.shape[-1]), sq, sk)
     if reason is None and varlen is None and seqused_k is None and not causal:
         out, lse = ops.direct.attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                                            checked=checked, qk_format=qk_format, p_format=p_format)
+                                            qk_format=qk_format, p_format=p_format)
     else:
         if reason is not None:
             _warn_general_path(reason)
@@ -172,7 +170,7 @@ def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, 
         # fast: causal, packed sequences, key counts (the fast path's other modes); else the general path
         out, lse = ops.direct.attention_sequence(reason is None, tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                  causal, mid_window_blocks, return_lse, seqused_k, out_dtype,
-                                                 checked=checked, qk_format=qk_format, p_format=p_format)
+                                                 qk_format=qk_format, p_format=p_format)
     return _finish(out, lse, rank if varlen is None else 4, return_lse)
 
 
@@ -335,8 +333,6 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
-    if version != "reference":
-        _checks.lse_with_smoothing(want_lse, smooth)
     if cu_seqlens_q is None and cu_seqlens_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
@@ -361,18 +357,15 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                                   keep=keep), out_dtype)
         reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
         _checks.require_fast_path(fmt, reason)
+        if reason is not None:
+            _warn_general_path(reason)
+            _checks.check_general_grid(b, int(q4.shape[2]), ("q", "q"), False)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
-        from . import ops   # checked: every argument above (ops.direct skips the ops' second check)
-        if reason is None and ops.direct.eager(q4, k4, v4, seqused_k):
-            # eager on the fast path: two launches, the FP8 intermediates in one scratch allocation
-            with ops.direct.named("open_vc_attn::attention"):
-                out, lse = ops.oneshot.attention(q4, k4, v4, seqused_k, scale, causal, mid, want_lse, out_dtype,
-                                                 fmt, smooth, pfmt)
-            return _finish(out, lse, rank, want_lse)
-        prepared = ops.direct.prepare_fp8(q4, k4, v4, seqused_k, checked=True, qk_format=fmt, k_smoothing=smooth)
-        return _run_attention(prepared, rank, scale, mid, want_lse, causal, seqused_k=seqused_k, out_dtype=out_dtype,
-                              checked=True, qk_format=fmt, p_format=pfmt)
+        from . import ops
+        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, scale, causal, mid, want_lse, out_dtype,
+                                      fmt, smooth, pfmt)
+        return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
                          "seqused_k to cut each sequence's keys)")
@@ -390,10 +383,12 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         from . import _sdpa
         return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
                          out_dtype)
-    _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[-1]), max_q, max_k))
+    reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
+    _checks.require_fast_path(fmt, reason)
+    if reason is not None:
+        _warn_general_path(reason)
+        _checks.check_general_grid(nseq, int(q.shape[1]), ("cu_seqlens_q", "q"), True)
     from . import ops
-    tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, checked=True,
-                                            qk_format=fmt, k_smoothing=smooth)
-    return _run_attention(tensors, 3, scale, mid, want_lse, causal, (cu_seqlens_q, cu_seqlens_k, max_q, max_k),
-                          seqused_k, names=("cu_seqlens_q", "q"), out_dtype=out_dtype, checked=True, qk_format=fmt,
-                          p_format=pfmt)
+    out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, scale, causal, mid,
+                                  want_lse, out_dtype, fmt, smooth, pfmt)
+    return (out, lse) if want_lse else out

@@ -95,10 +95,13 @@ Status validate_sizes(const AttentionCall& c) {
   return Status::Ok();
 }
 
-// lse[i] += scale * term[i]: the smoothing term of section 9 (-inf rows stay -inf).
+// lse[i] += scale * term[i]: the smoothing term of section 9. -inf rows (no key; packed rows no sequence
+// covers, whose term is never written) stay -inf.
 __global__ void add_lse_term_kernel(float* lse, const float* term, int64_t n, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    lse[i] = fmaf(scale, term[i], lse[i]);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float l = lse[i];
+    if (l != -INFINITY) lse[i] = fmaf(scale, term[i], l);
+  }
 }
 
 template <typename T>

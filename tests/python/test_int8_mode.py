@@ -74,17 +74,15 @@ def test_format_argument_errors(torch, fn, kwargs, exc, msg):
             getattr(open_vc_attn, fn)(q, k, v, **good)
 
 
-def test_lse_with_k_smoothing_is_refused(torch):
-    """The LSE of smoothed keys is shifted by softmax_scale * q . mean(K): return_lse=True with K smoothing
-    raises before anything runs (CPU tensors: the rule is checked before the device); the BF16 reference
-    ignores k_smoothing."""
+def test_lse_with_k_smoothing_is_taken_by_attention(torch):
+    """attention() returns the LSE of the keys as given with K smoothing (the C++ one-call entry adds the
+    smoothing term back, numerics section 9): return_lse=True with k_smoothing passes the format checks and
+    reaches the device check (CPU tensors here); attention_fp8 on a smoothed preparation still refuses it
+    (test_gpu_prepare_once_attend_twice)."""
     q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="^k_smoothing: return_lse=True is not taken with K smoothing"):
-        open_vc_attn.attention(q, q, q, return_lse=True, qk_format="int8", k_smoothing=True)
-    with pytest.raises(ValueError, match="^k_smoothing: return_lse=True is not taken with K smoothing"):
-        open_vc_attn.attention(q, q, q, return_lse=True, k_smoothing=True)   # E4M3 too
-    with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # without the LSE, the device check
-        open_vc_attn.attention(q, q, q, qk_format="int8", k_smoothing=True)
+    for fmt in ("int8", "e4m3"):
+        with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):
+            open_vc_attn.attention(q, q, q, return_lse=True, qk_format=fmt, k_smoothing=True)
 
 
 def test_int8_where_the_general_path_would_run_is_rejected_before_preparing(torch, monkeypatch):
@@ -94,7 +92,7 @@ def test_int8_where_the_general_path_would_run_is_rejected_before_preparing(torc
 
     def never(*args, **kwargs):
         raise AssertionError("prepared before the format check")
-    for mod, name in ((ops.direct, "prepare_fp8"), (ops.direct, "prepare_fp8_varlen"), (ops.oneshot, "attention")):
+    for mod, name in ((ops.direct, "prepare_fp8"), (ops.direct, "prepare_fp8_varlen"), (ops.call, "attention")):
         monkeypatch.setattr(mod, name, never)
     msg = r"^qk_format: 'int8' runs on the sm_90a fast path only.*ceil\(Sq/128\) \* ceil\(Sk/128\) \* 128 >= 2\^32"
     with fake_mode():
@@ -269,11 +267,10 @@ def test_api_int8_every_call_form_fake(torch, d):
         counts = torch.empty(2, dtype=torch.int32, device="cuda")
         mask = torch.ones(2, 700, dtype=torch.bool, device="cuda")
         for fmt in (INT8, SMOOTH):
-            lse_ok = not fmt.get("k_smoothing", False)   # no LSE with K smoothing (test_lse_with_k_smoothing...)
+            lse_ok = not fmt.get("k_smoothing", False)   # attention_fp8: no LSE on a smoothed preparation
             assert open_vc_attn.attention(q, k, k, **fmt).shape == q.shape
-            if lse_ok:
-                out, lse = open_vc_attn.attention(q, k, k, causal=True, return_lse=True, **fmt)
-                assert out.shape == q.shape and lse.shape == (2, 3, 300)
+            out, lse = open_vc_attn.attention(q, k, k, causal=True, return_lse=True, **fmt)
+            assert out.shape == q.shape and lse.shape == (2, 3, 300)
             assert open_vc_attn.attention(q, k, k, key_padding_mask=mask, **fmt).shape == q.shape
             assert open_vc_attn.attention(q, k, k, seqused_k=counts, causal=True, **fmt).shape == q.shape
             out = open_vc_attn.attention(q[0], k[0], k[0], out_dtype=torch.float16, **fmt)
@@ -288,9 +285,8 @@ def test_api_int8_every_call_form_fake(torch, d):
             flat_q = torch.empty(1301, 3, d, dtype=bf, device="cuda")
             flat_k = torch.empty(900, 3, d, dtype=bf, device="cuda")
             cu = torch.empty(4, dtype=torch.int32, device="cuda")
-            res = open_vc_attn.attention(flat_q, flat_k, flat_k, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                         max_seqlen_q=1000, max_seqlen_k=700, return_lse=lse_ok, **fmt)
-            out, lse = res if lse_ok else (res, torch.empty(3, 1301))
+            out, lse = open_vc_attn.attention(flat_q, flat_k, flat_k, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                              max_seqlen_q=1000, max_seqlen_k=700, return_lse=True, **fmt)
             assert out.shape == (1301, 3, d) and lse.shape == (3, 1301)
             pp = open_vc_attn.prepare_fp8(flat_q, flat_k, flat_k, cu, cu, 1000, 700, **fmt)
             assert pp.is_varlen and pp.qk_format == "int8" and pp.q_descale.shape == (3, 3, 1000)
@@ -300,8 +296,8 @@ def test_api_int8_every_call_form_fake(torch, d):
 
 
 def test_torch_compile_fullgraph_traces_int8(torch):
-    """torch.compile(fullgraph=True) traces an INT8 + K smoothing call: the graph holds the two ops with the
-    format arguments (FakeTensorMode inputs: no GPU needed; the GPU test runs it)."""
+    """torch.compile(fullgraph=True) traces an INT8 + K smoothing call: the graph holds the one op of
+    attention() with the format arguments (FakeTensorMode inputs: no GPU needed; the GPU test runs it)."""
     graphs = []
 
     def backend(gm, inputs):
@@ -317,9 +313,9 @@ def test_torch_compile_fullgraph_traces_int8(torch):
         assert out.shape == q.shape
     calls = {str(n.target): n.args for n in graphs[0].graph.nodes if n.op == "call_function"
              and str(n.target).startswith("open_vc_attn.")}
-    assert set(calls) == {"open_vc_attn.prepare_fp8.default", "open_vc_attn.attention_fp8_full.default"}
-    assert calls["open_vc_attn.prepare_fp8.default"][-2:] == ("int8", True)
-    assert calls["open_vc_attn.attention_fp8_full.default"][-2:] == ("int8", "expcast")
+    assert set(calls) == {"open_vc_attn.attention.default"}
+    assert calls["open_vc_attn.attention.default"][-3:] == ("int8", True, "expcast")
+    assert calls["open_vc_attn.attention.default"][9] is True   # causal
 
 
 def test_parameter_structs_carry_the_format(torch, monkeypatch):
@@ -437,13 +433,9 @@ def _every_call_class(torch, fmt, d):
     b, sq, sk, h = 2, 700, 900, 3
     q, k, v = randn_qkv(torch, b, sq, sk, h, d, seed=3)
     tol = 0.075
-    smooth = fmt.get("k_smoothing", False)
-    if smooth:   # the LSE of smoothed keys is shifted by scale * q . mean(K): not returned
-        with pytest.raises(ValueError, match="^k_smoothing: return_lse=True is not taken with K smoothing"):
-            open_vc_attn.attention(q, k, v, return_lse=True, **fmt)
     out = open_vc_attn.attention(q, k, v, **fmt)
     assert rel_l2(out, exact(torch, q, k, v)) < tol
-    if not smooth:
+    if True:   # with K smoothing too: the LSE of the keys as given (the smoothing term added back)
         _, lse = open_vc_attn.attention(q, k, v, return_lse=True, **fmt)
         s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * d ** -0.5
         exact_lse = torch.logsumexp(s, -1)

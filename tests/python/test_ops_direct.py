@@ -54,10 +54,10 @@ def test_modes_get_the_ops_with_their_schema_arguments():
     cu = torch.zeros(2, dtype=torch.int32)
     six = tensors()
     with RecordOps() as mode:
-        direct.prepare_fp8(q, k, v, None, checked=True)
-        direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None, checked=True)
-        direct.attention_fp8(six, 0.5, 4, True, None, checked=True)
-        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, torch.float16, checked=True)
+        direct.prepare_fp8(q, k, v, None)
+        direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None)
+        direct.attention_fp8(six, 0.5, 4, True, None)
+        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, torch.float16)
         direct.attention_sequence(False, six, None, None, 0, 0, 0.0, False, -1, True, None, None)
         direct.prepare_fp8(q, k, v, None, qk_format="int8", k_smoothing=True)
         direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None, qk_format="int8", k_smoothing=True)
@@ -99,12 +99,12 @@ def test_eager_calls_run_the_implementations(monkeypatch):
         monkeypatch.setattr(fp8, name, recorder(name))
     q, k, v = tensors(3)
     six = tensors()
-    assert direct.prepare_fp8(q, k, v, None, checked=True) == "prepare_cuda"
+    assert direct.prepare_fp8(q, k, v, None) == "prepare_cuda"
     assert direct.attention_fp8(six, 0.5, 4, False) == "attention_cuda"
     assert direct.attention_sequence(False, six, None, None, 0, 0, 0.0, True, 4, False) == "sequence_cuda"
     e4m3 = {"qk_format": "e4m3", "k_smoothing": False}
-    assert calls[0] == ("prepare_cuda", (q, k, v, None), {"checked": True, **e4m3})
-    default = {"checked": False, "qk_format": "e4m3", "p_format": "expcast"}
+    assert calls[0] == ("prepare_cuda", (q, k, v, None), e4m3)
+    default = {"qk_format": "e4m3", "p_format": "expcast"}
     assert calls[1] == ("attention_cuda", (six, 0.5, 4, False, None), default)
     assert calls[2][1][:2] == (False, six) and calls[2][2] == default
     # the Q/K format reaches the implementations
@@ -114,7 +114,7 @@ def test_eager_calls_run_the_implementations(monkeypatch):
     direct.attention_fp8(six, 0.5, 4, False, qk_format="int8")
     direct.attention_sequence(True, six, cu, cu, 5, 7, 0.0, True, 4, False, qk_format="int8")
     int8 = {"qk_format": "int8", "k_smoothing": True}
-    assert calls[3][2] == {"checked": False, **int8} and calls[4][2] == {"checked": False, **int8}
+    assert calls[3][2] == int8 and calls[4][2] == int8
     assert calls[5][2]["qk_format"] == "int8" and calls[6][2]["qk_format"] == "int8"
     # and the P format
     direct.attention_fp8(six, 0.5, 4, False, qk_format="int8", p_format="exp2")
@@ -124,3 +124,19 @@ def test_eager_calls_run_the_implementations(monkeypatch):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         direct.attention_fp8(six, 0.5, 4, False)
     assert "open_vc_attn::attention_fp8" in {e.key for e in prof.key_averages()}
+
+
+def test_attention_runs_the_one_op_or_its_implementation(monkeypatch):
+    """open_vc_attn.ops.call.attention (api.attention's one call): the op under a dispatch mode, with the
+    schema's arguments in order; its CUDA implementation directly when eager."""
+    from open_vc_attn.ops import call
+    q, k, v = tensors(3)
+    args = (q, k, v, None, None, 0, 0, None, 0.5, True, 4, True, None, "int8", True, "exp2")
+    with RecordOps() as mode:
+        call.attention(*args)
+    assert [n for n, _ in mode.calls] == ["open_vc_attn::attention"]
+    got = mode.calls[0][1]
+    assert all(g is w if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, args)) and len(got) == len(args)
+    seen = []
+    monkeypatch.setattr(call, "attention_cuda", lambda *a: seen.append(a) or "attention_cuda")
+    assert call.attention(*args) == "attention_cuda" and seen[0] == args

@@ -186,8 +186,8 @@ def test_api_exp2_every_call_form_fake(torch, d):
 
 
 def test_torch_compile_fullgraph_carries_p_format(torch):
-    """torch.compile(fullgraph=True) traces exp2 calls: the graph's attention ops carry p_format (dense:
-    attention_fp8, causal: attention_fp8_full) and the preparation does not."""
+    """torch.compile(fullgraph=True) traces exp2 calls: the graph's one op (open_vc_attn::attention) carries
+    p_format with the Q/K format, dense and causal."""
     graphs = []
 
     def backend(gm, inputs):
@@ -209,12 +209,11 @@ def test_torch_compile_fullgraph_carries_p_format(torch):
             torch.compile(f, backend=backend, fullgraph=True)(q, q, q)
     calls = [{str(n.target): n.args for n in gm.graph.nodes if n.op == "call_function"
               and str(n.target).startswith("open_vc_attn.")} for gm in graphs]
-    assert set(calls[0]) == {"open_vc_attn.prepare_fp8.default", "open_vc_attn.attention_fp8.default"}
-    assert calls[0]["open_vc_attn.prepare_fp8.default"][-2:] == ("int8", True)
-    assert calls[0]["open_vc_attn.attention_fp8.default"][-2:] == ("int8", "exp2")
-    assert calls[1]["open_vc_attn.attention_fp8_full.default"][-2:] == ("int8", "exp2")
-    assert calls[1]["open_vc_attn.prepare_fp8.default"][-2:] == ("int8", False)
-    assert calls[2]["open_vc_attn.attention_fp8.default"][-2:] == ("int8", "expcast")
+    op = "open_vc_attn.attention.default"   # attention() is one op, its last three arguments the formats
+    assert all(set(c) == {op} for c in calls)
+    assert calls[0][op][-3:] == ("int8", True, "exp2")
+    assert calls[1][op][-3:] == ("int8", False, "exp2") and calls[1][op][9] is True
+    assert calls[2][op][-3:] == ("int8", False, "expcast")
 
 
 # ---- what the eager paths hand the extension --------------------------------------------------------------

@@ -4,6 +4,8 @@ Importing this package registers every op, the same way for all (``torch.library
 ``register_fake`` implementation, at import of its module), so torch.compile(fullgraph=True) traces any
 of them whichever openvc call comes first:
 
+- :mod:`.call`: ``open_vc_attn::attention``, the op of :func:`open_vc_attn.attention`: BF16/FP16 q, k, v
+  in, one C++ call (openvc::attention: preparation into one workspace, then the fast or the general path).
 - :mod:`.fp8`: ``open_vc_attn::prepare_fp8``, ``prepare_fp8_varlen``, ``attention_fp8`` (the sm_90a fast
   path, dense), ``attention_fp8_full`` (the fast path's causal, packed and key-count modes) and
   ``attention_general`` (the CUDA-core general path: what the fast path cannot take, and tests).
@@ -15,18 +17,18 @@ and never synchronize; their fake implementations run the same argument checks
 (:mod:`open_vc_attn._checks`) and give the same shapes, dtypes and strides, which is what torch.compile
 and torch.library.opcheck need. The names below are the registered overloads, which torch.compile puts
 in its graph as they are. Most users want :mod:`open_vc_attn.api` instead, whose eager calls run the
-same CUDA implementations without the dispatcher hop (:mod:`.direct`; :mod:`.oneshot` for the fast path's
-batched calls, with the FP8 intermediates in one scratch allocation).
+same CUDA implementations without the dispatcher hop (:mod:`.direct`, and :func:`.call.attention`).
 """
 import torch
 
-from . import direct, fp8, oneshot, repair, vc  # noqa: F401  (registers the ops; direct, oneshot: api's eager calls)
+from . import call, direct, fp8, repair, vc  # noqa: F401  (registers the ops; direct, call: api's eager calls)
 
-__all__ = ["prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_fp8_full_op", "attention_general_op",
+__all__ = ["attention_op", "prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_fp8_full_op", "attention_general_op",
            "prepare_v_repair_op", "build_v_repair_op", "attention_fp8_repair_op", "vc_grouping_op",
            "prepare_vc_op", "attention_vc_fp8_op"]
 
 _ops = torch.ops.open_vc_attn
+attention_op = _ops.attention.default
 prepare_fp8_op = _ops.prepare_fp8.default
 prepare_fp8_varlen_op = _ops.prepare_fp8_varlen.default
 attention_fp8_op = _ops.attention_fp8.default

@@ -9,10 +9,6 @@ implementation (:mod:`.fp8`) directly, the same code with the same checks, when 
 the op otherwise (torch.compile and jit tracing, dispatch and function modes such as FakeTensorMode or
 FlopCounterMode, functorch transforms, tensor subclasses), where the op is what those machineries handle.
 Under the profiler a direct call is a ``record_function`` range with the op's name, so traces read the same.
-
-checked=True (api.attention, which checked every argument itself, and whose attention step gets the
-fresh outputs of its own preparation): the ops' Python argument checks are not run a second time; the
-device and alignment checks, which need real tensors, always run.
 """
 import contextlib
 
@@ -43,39 +39,37 @@ def named(op):
     return torch.profiler.record_function(op) if _C._autograd._profiler_enabled() else contextlib.nullcontext()
 
 
-def prepare_fp8(q, k, v, seqused_k=None, checked=False, qk_format="e4m3", k_smoothing=False):
+def prepare_fp8(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
     """``open_vc_attn::prepare_fp8``: the six prepared tensors."""
     if not eager(q, k, v, seqused_k):
         return torch.ops.open_vc_attn.prepare_fp8.default(q, k, v, seqused_k, qk_format, k_smoothing)
     with named("open_vc_attn::prepare_fp8"):
-        return fp8.prepare_cuda(q, k, v, seqused_k, checked=checked, qk_format=qk_format, k_smoothing=k_smoothing)
+        return fp8.prepare_cuda(q, k, v, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
 
 
-def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, checked=False, qk_format="e4m3",
-                       k_smoothing=False):
+def prepare_fp8_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, qk_format="e4m3", k_smoothing=False):
     """``open_vc_attn::prepare_fp8_varlen``: the six prepared tensors of packed sequences."""
     if not eager(q, k, v, cu_q, cu_k, seqused_k):
         return torch.ops.open_vc_attn.prepare_fp8_varlen.default(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k,
                                                                  qk_format, k_smoothing)
     with named("open_vc_attn::prepare_fp8_varlen"):
-        return fp8.prepare_varlen_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, checked=checked,
-                                       qk_format=qk_format, k_smoothing=k_smoothing)
+        return fp8.prepare_varlen_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format=qk_format,
+                                       k_smoothing=k_smoothing)
 
 
-def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
-                  qk_format="e4m3", p_format="expcast"):
+def attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3",
+                  p_format="expcast"):
     """``open_vc_attn::attention_fp8`` on the six prepared tensors: (out, lse)."""
     if not eager(*tensors):
         return torch.ops.open_vc_attn.attention_fp8.default(*tensors, softmax_scale, mid_window_blocks, return_lse,
                                                             out_dtype, qk_format, p_format)
     with named("open_vc_attn::attention_fp8"):
-        return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, checked=checked,
-                                  qk_format=qk_format, p_format=p_format)
+        return fp8.attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype, qk_format=qk_format,
+                                  p_format=p_format)
 
 
 def attention_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                       return_lse, seqused_k=None, out_dtype=None, checked=False, qk_format="e4m3",
-                       p_format="expcast"):
+                       return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
     """``open_vc_attn::attention_fp8_full`` (fast) or ``attention_general``: (out, lse)."""
     name = "attention_fp8_full" if fast else "attention_general"
     if not eager(*tensors, cu_q, cu_k, seqused_k):
@@ -84,5 +78,4 @@ def attention_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, c
                   out_dtype, qk_format, p_format)
     with named("open_vc_attn::" + name):
         return fp8.sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks,
-                                 return_lse, seqused_k, out_dtype, checked=checked, qk_format=qk_format,
-                                 p_format=p_format)
+                                 return_lse, seqused_k, out_dtype, qk_format=qk_format, p_format=p_format)

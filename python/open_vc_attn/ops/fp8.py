@@ -103,12 +103,9 @@ def _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing):
     return fmt, smooth
 
 
-def prepare_cuda(q, k, v, seqused_k=None, checked=False, qk_format="e4m3", k_smoothing=False):
-    """The CUDA implementation of prepare_fp8. checked: the caller ran check_tokens, check_seqused_k and the
-    format checks on these arguments already (open_vc_attn.api, through :mod:`.direct`); the device and
-    alignment checks, which need real tensors, always run."""
-    if not checked:
-        qk_format, k_smoothing = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
+def prepare_cuda(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
+    """The CUDA implementation of prepare_fp8: the argument checks, then the device and alignment checks."""
+    qk_format, k_smoothing = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_outputs(q, k, dev.empty(q.device), qk_format)
     launch_prepare(q, k, v, outs, None, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
@@ -143,13 +140,10 @@ def _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 
 
 def prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
-                        checked=False, qk_format="e4m3", k_smoothing=False):
-    """The CUDA implementation of prepare_fp8_varlen (checked: as in :func:`prepare_cuda`, with check_varlen)."""
-    if checked:
-        nseq = int(cu_seqlens_q.shape[0]) - 1
-    else:
-        nseq, qk_format, k_smoothing = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                             max_seqlen_k, seqused_k, qk_format, k_smoothing)
+                        qk_format="e4m3", k_smoothing=False):
+    """The CUDA implementation of prepare_fp8_varlen (as :func:`prepare_cuda`, with check_varlen)."""
+    nseq, qk_format, k_smoothing = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                         max_seqlen_k, seqused_k, qk_format, k_smoothing)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device), qk_format)
     launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
@@ -194,24 +188,12 @@ def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_f
     return dev.set_output(p, out, lse, softmax_scale)
 
 
-def _batched_sizes(tensors):
-    """(B, Sq, Sk, H, D) of a batched preparation whose layout was checked."""
-    qc, kc = tensors[0], tensors[2]
-    b, sq, h, d = qc.shape
-    return int(b), int(sq), int(kc.shape[1]), int(h), int(d)
-
-
-def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, checked=False,
-                   qk_format="e4m3", p_format="expcast"):
-    """The CUDA implementation of attention_fp8. checked: the six tensors' layout, their format, the P
-    format and the scalars were checked by the caller (open_vc_attn.api: check_prepared_fp8, or prepare's own fresh
-    outputs); the device and alignment checks always run."""
+def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3",
+                   p_format="expcast"):
+    """The CUDA implementation of attention_fp8: the argument checks, then the device and alignment checks."""
     q_codes = tensors[0]
-    if checked:
-        sizes = _batched_sizes(tensors)
-    else:
-        sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks,
-                                                                 fmt=qk_format, p_fmt=p_format))
+    sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks,
+                                                             fmt=qk_format, p_fmt=p_format))
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
     return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
                         qk_format, p_format)
@@ -268,17 +250,11 @@ def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_
 
 
 def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                  seqused_k, out_dtype=None, checked=False, qk_format="e4m3", p_format="expcast"):
-    """The CUDA implementation of attention_fp8_full (fast) and attention_general. checked: as in
-    :func:`attention_cuda` (the api checked the preparation, offsets, key counts, range and grid)."""
+                  seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast"):
+    """The CUDA implementation of attention_fp8_full (fast) and attention_general (as :func:`attention_cuda`)."""
     qc = tensors[0]
-    if checked:
-        packed = cu_q is not None
-        sizes = ((int(cu_q.shape[0]) - 1, int(qc.shape[0]), int(tensors[2].shape[0]), int(qc.shape[1]),
-                  int(qc.shape[2])) if packed else _batched_sizes(tensors))
-    else:
-        packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
-                                       seqused_k, fast, qk_format, p_format)
+    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
+                                   seqused_k, fast, qk_format, p_format)
     dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
     return enqueue_sequence(fast, tensors, packed, sizes, qc.device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
                             mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format, p_format)

@@ -1,0 +1,120 @@
+"""The custom op of :func:`open_vc_attn.attention`: one op, one C++ call (openvc::attention, include/openvc/call.h).
+
+``open_vc_attn::attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,
+int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks,
+bool return_lse, ScalarType? out_dtype=None, str qk_format="e4m3", bool k_smoothing=False,
+str p_format="expcast") -> (out, lse)``: BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
+packed ``[total, H, D]`` with int32 offsets; out ``[B, Sq, H, D]`` / ``[total_q, H, D]`` (BF16, or out_dtype;
+packed rows no sequence covers are 0), lse float32 ``[B, H, Sq]`` / ``[H, total_q]`` (-inf there), or an
+empty ``[0]`` tensor without return_lse. softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 natural
+order. C++ prepares into one workspace tensor and attends on the fast or the general path, chosen there;
+with k_smoothing the LSE is that of the keys as given (numerics section 9).
+
+Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
+torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
+calls :func:`attention` below, which runs this op's implementation directly when nothing but the kernels
+needs to see the call (:func:`.direct.eager`), else the op.
+"""
+import torch
+
+from .. import _checks, _ext
+from . import device as dev
+from .direct import eager, named
+
+_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+           "int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks, "
+           "bool return_lse, ScalarType? out_dtype=None, str qk_format=\"e4m3\", bool k_smoothing=False, "
+           "str p_format=\"expcast\") -> (Tensor, Tensor)")
+
+
+def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format):
+    """The op's argument rules (the same as :func:`open_vc_attn.attention`'s): (packed, groups)."""
+    fmt, _ = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
+    _checks.p_format(p_format, fmt)
+    if cu_q is None and cu_k is None:
+        _checks.check_rank4_tokens("attention", q, k, v)
+        groups = int(q.shape[0])
+        reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
+    else:
+        groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+        reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
+    _checks.require_fast_path(fmt, reason)
+    _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if cu_q is not None else "batch entries")
+    return cu_q is not None, groups
+
+
+def _outputs(q, packed, return_lse, alloc, fill, out_dtype):
+    """out and lse: packed out [total_q, H, D] zeros and lse [H, total_q] -inf (rows no sequence covers stay
+    so); batched [B, Sq, H, D] and [B, H, Sq], every element written."""
+    dtype = _checks.out_dtype(out_dtype)
+    if packed:
+        total, h, d = (int(x) for x in q.shape)
+        return (fill((total, h, d), dtype, 0.0),
+                fill((h, total) if return_lse else (0,), torch.float32, float("-inf")))
+    b, sq, h, d = (int(x) for x in q.shape)
+    return alloc((b, sq, h, d), dtype), alloc((b, h, sq) if return_lse else (0,), torch.float32)
+
+
+def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
+                 qk_format, k_smoothing, p_format):
+    """openvc::AttentionCall of checked arguments (lse None: no LSE output)."""
+    ext = _ext.load()
+    packed = cu_q is not None
+    c = dev.params(ext.AttentionCall, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
+                   q=dev.token_view(q, packed), k=dev.token_view(k, packed), v=dev.token_view(v, packed),
+                   causal=bool(causal), softmax_scale=float(softmax_scale), mid_window_blocks=int(mid_window_blocks),
+                   qk_format=dev.qk_format(qk_format), k_smoothing=bool(k_smoothing),
+                   p_format=getattr(ext.PFormat, p_format), out=out.data_ptr(), out_dtype=dev.dtype_of(out),
+                   lse=0 if lse is None else lse.data_ptr())
+    if packed:
+        c.cu_seqlens_q, c.cu_seqlens_k, c.num_seqs = cu_q.data_ptr(), cu_k.data_ptr(), int(cu_q.shape[0]) - 1
+        c.max_seqlen_q, c.max_seqlen_k, c.total_q, c.total_k = int(max_q), int(max_k), int(q.shape[0]), int(k.shape[0])
+        c.out_stride_batch, c.out_stride_seq, c.out_stride_head = 0, *out.stride()[:2]
+    else:
+        c.batch, c.seqlen_q, c.seqlen_k = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
+        c.out_stride_batch, c.out_stride_seq, c.out_stride_head = out.stride()[:3]
+    if seqused_k is not None:
+        c.seqused_k = seqused_k.data_ptr()
+    return c
+
+
+def attention_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks,
+                   return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    """The CUDA implementation of the op: (out, lse)."""
+    packed, _ = _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format)
+    dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
+    out, lse = _outputs(q, packed, return_lse, dev.empty(q.device), dev.full(q.device), out_dtype)
+    c = _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out,
+                     lse if return_lse else None, qk_format, k_smoothing, p_format)
+    ext = _ext.load()
+    ws = dev.workspace(ext.attention_workspace_bytes(c), q.device)   # torch's blocks are 512-byte aligned
+    dev.enqueue(lambda call, stream: ext.attention(call, ws.data_ptr(), ws.numel(), stream), c, q.device)
+    return out, lse
+
+
+@torch.library.custom_op("open_vc_attn::attention", mutates_args=(), device_types="cuda", schema=_SCHEMA)
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+               mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    return attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                          causal, mid_window_blocks, return_lse, out_dtype, qk_format, k_smoothing, p_format)
+
+
+@_attention.register_fake
+def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                    causal, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
+                    p_format="expcast"):
+    packed, _ = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
+                       k_smoothing, p_format)
+    like = dev.like(q)
+    return _outputs(q, packed, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
+
+
+def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
+              out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    """``open_vc_attn::attention``: the op's implementation directly when eager (one hop less), else the op."""
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
+            out_dtype, qk_format, k_smoothing, p_format)
+    if not eager(q, k, v, cu_q, cu_k, seqused_k):
+        return torch.ops.open_vc_attn.attention.default(*args)
+    with named("open_vc_attn::attention"):
+        return attention_cuda(*args)
