@@ -55,8 +55,9 @@ class DispatchPolicy:
     65,536 at 12, 24 and 40 heads, every call with at least 4,096 queries and 4,096 keys ran faster on
     openvc (self-attention at 4,096 tokens: 1.02x / 1.20x / 1.21x at 12 / 24 / 40 heads; 2,048: 0.24-0.54x),
     the rectangle that holds the most of the grid's work (94%). Below, quantization and openvc's fixed
-    per-call host cost (about 0.18 ms eager, SDPA's 0.05 ms) do not pay, and text cross-attention (Wan: 512
-    text tokens, 257 image tokens) stays on the framework.
+    per-call host cost (about 0.18 ms eager in that run, SDPA's 0.05 ms; 0.08-0.10 ms since attention() is one
+    op, bench/results/2026-12-02-h200-one-call/) do not pay, and text cross-attention (Wan: 512 text tokens,
+    257 image tokens) stays on the framework.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     qk_format, k_smoothing: passed to every openvc call (:func:`open_vc_attn.attention`'s arguments): "e4m3"
     (default) or "int8" Q/K codes, and K smoothing (False by default). Checked here: ValueError naming
