@@ -25,13 +25,15 @@
 
 #include <cstdint>
 
+#include "openvc/reference.h"   // kCodeBias, kLog2e: one definition for the reference and kernels
+
 namespace openvc::general {
 
 inline constexpr int kTile = 128;                 // query rows per CTA = keys per block = kQuantBlock
 inline constexpr int kThreads = 256;              // a 16 x 16 thread grid over each 128 x 128 product
 inline constexpr int kScoreStride = kTile + 16;   // score row pitch: rows ty, ty+1 of a warp 16 banks apart
-inline constexpr float kCodeBias = 119.65f;       // numerics.md section 3
-inline constexpr float kCodesPerLog2 = 8.0f * 1.4426950408889634f;  // 8 * log2e, exact in FP32
+using reference::kCodeBias;                       // 119.65, numerics.md section 3 (openvc/reference.h)
+inline constexpr float kCodesPerLog2 = 8.0f * reference::kLog2e;  // 8 * log2e, exact in FP32
 
 // Everything the kernel reads, resolved by the launcher (batched inputs: cu pointers null).
 struct KernelParams {

@@ -6,19 +6,30 @@
 
 namespace openvc::sm90 {
 
+// The tile shape and the warp roles, the same for both head dims.
+inline constexpr int kBlockN = 128;                          // keys per tile == K quantization block
+inline constexpr int kConsumerWarpgroups = 2;                // 64 query rows each
+inline constexpr int kBlockM = 64 * kConsumerWarpgroups;     // == Q quantization block (one Q descale)
+inline constexpr int kCtaThreads = 128 * (1 + kConsumerWarpgroups);
+inline constexpr int kProducerRegs = 24;                     // setmaxnreg: the TMA warp needs few registers
+inline constexpr int kConsumerRegs = 240;
+// Tiles whose PV products share one tensor-core accumulator before it is added into FP32 registers
+// (and at every rescale): 2 halves the FP32 adds; 8 k32 steps stay well inside FP8 accumulation.
+inline constexpr int kFlushTiles = 2;
+
 template <int kD>
 struct TileConfig {
   static_assert(kD == 128 || kD == 64, "the sm_90a kernel takes head dim 128 or 64");
   static constexpr int kHeadDim = kD;
-  static constexpr int kBlockN = 128;           // keys per tile == K quantization block (one multiplier)
-  static constexpr int kConsumerWarpgroups = 2; // 64 query rows each
-  static constexpr int kBlockM = 64 * kConsumerWarpgroups;  // == Q quantization block (one Q descale)
+  static constexpr int kBlockN = sm90::kBlockN;
+  static constexpr int kConsumerWarpgroups = sm90::kConsumerWarpgroups;
+  static constexpr int kBlockM = sm90::kBlockM;
   // K/V shared-memory ring depth: 5 stages of 33 KiB at D = 128; D = 64 tiles are half as large, so
   // the ring holds more tiles in flight for the same shared memory.
   static constexpr int kStages = kD == 128 ? 5 : 8;
-  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegs = 24;      // setmaxnreg: the TMA warp needs few registers
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kThreads = kCtaThreads;
+  static constexpr int kProducerRegs = sm90::kProducerRegs;
+  static constexpr int kConsumerRegs = sm90::kConsumerRegs;
   // The CTA launches with 65536 / kThreads registers per thread, rounded down to 8 (168 at 384 threads);
   // setmaxnreg.inc of the consumers never returns if the warpgroups ask for more than that in all.
   static_assert(128 * (kProducerRegs + kConsumerWarpgroups * kConsumerRegs) <= (65536 / kThreads / 8 * 8) * kThreads,
@@ -33,18 +44,12 @@ struct TileConfig {
   static constexpr int kTileBytes = kBlockN * kHeadDim;       // one FP8 K or V tile
   static constexpr int kVStageBytes = kPvN * kBlockN;         // V tile + the 8 row-sum rows
   static constexpr int kQBytes = kBlockM * kHeadDim;
-  // Tiles whose PV products share one tensor-core accumulator before it is added into FP32 registers
-  // (and at every rescale): 2 halves the FP32 adds; 8 k32 steps stay well inside FP8 accumulation.
-  static constexpr int kFlushTiles = 2;
+  static constexpr int kFlushTiles = sm90::kFlushTiles;
   static_assert(kBlockM == 128 && kBlockN == 128, "tiles must coincide with the 128-token quantization blocks");
 };
 
 // Packed calls with at most this many sequences get the compact tile space (tiles.cuh); its table of
 // per-sequence tile offsets lives in shared memory (4 KiB).
 inline constexpr int kMaxCompactSeqs = 1024;
-
-// The host launcher's and the timing tool's default (head dim 128); kernel templates take theirs
-// from the mode (mode.h, ModeConfig).
-using KernelConfig = TileConfig<128>;
 
 }  // namespace openvc::sm90

@@ -8,12 +8,14 @@
 #pragma once
 #include <cstdint>
 
+#include "openvc/reference.h"   // kCodeBias (119.65) and kLog2e: one definition for the reference and kernels
+
 namespace openvc::sm90 {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
+using reference::kLog2e;
 inline constexpr float kCodesPerLog2 = 8.0f * kLog2e;
 inline constexpr float kDomainScale = 0x1p-24f;     // f16 subnormal spacing
-inline constexpr float kCodeBiasScaled = 119.65f * kDomainScale;
+inline constexpr float kCodeBiasScaled = reference::kCodeBias * kDomainScale;
 inline constexpr float kMaxToLog2 = 0x1p21f;         // M'/8 in log2 units: 2^24 / 8
 
 // Addend of the FMA for a row whose running max (scaled code units) is row_max.

@@ -26,8 +26,6 @@
 
 namespace openvc::sm90 {
 
-using Cfg = KernelConfig;
-
 
 // Shared storage of a mode: only VC mode holds the block means.
 template <int kMode>
@@ -54,7 +52,7 @@ struct alignas(1024) SharedStorage {
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
-constexpr int kConsumerWarps = 4 * Cfg::kConsumerWarpgroups;  // arrivals that free a buffer
+constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals that free a buffer
 
 // The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9): one per tile
 // for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows r and r + 8 of this thread).
@@ -66,7 +64,7 @@ template <int kMode>
 __device__ __forceinline__ auto q_multiplier(const KernelParams& p, const TileCoord& c, int row) {
   if constexpr (has_mode<kMode>(kInt8QkMode)) {
     const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
-    const int r = c.qt * Cfg::kBlockM + row, last = p.seqlen_q - 1;
+    const int r = c.qt * kBlockM + row, last = p.seqlen_q - 1;
     return RowMult{p.qk_multiplier * __ldg(dq + min(r, last)), p.qk_multiplier * __ldg(dq + min(r + 8, last))};
   } else {
     return p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
@@ -128,14 +126,14 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
       if constexpr (kVarlen)
         cute::SM90_TMA_LOAD_3D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0,
-                                     w.k_row0 + blk * Cfg::kBlockN, c.h);
+                                     w.k_row0 + blk * kBlockN, c.h);
       else
-        cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * Cfg::kBlockN,
+        cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * kBlockN,
                                      c.h, c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
       constexpr int kMeanBytes = has_mode<kMode>(kVcMode) ? C::kHeadDim * 4 : 0;
       TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], C::kTileBytes + kMeanBytes);
-      cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * Cfg::kBlockN, 0,
+      cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * kBlockN, 0,
                                    c.b * p.heads + c.h);
       if constexpr (kMeanBytes > 0)
         cute::SM90_BULK_COPY_G2S::copy(
@@ -146,11 +144,11 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     for (int r = 0; has_mode<kMode>(kRepairMode) && r < p.repair_tiles; ++r, ring.advance()) {
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
-      cute::SM90_TMA_LOAD_4D::copy(tm_krep, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, r * Cfg::kBlockN, c.h,
+      cute::SM90_TMA_LOAD_4D::copy(tm_krep, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, r * kBlockN, c.h,
                                    c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], C::kTileBytes);
-      cute::SM90_TMA_LOAD_3D::copy(tm_vrep, &sh.v_full[ring.stage], 0, sh.v[ring.stage], r * Cfg::kBlockN, 0,
+      cute::SM90_TMA_LOAD_3D::copy(tm_vrep, &sh.v_full[ring.stage], 0, sh.v[ring.stage], r * kBlockN, 0,
                                    c.b * p.heads + c.h);
     }
   }
@@ -190,7 +188,7 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
   auto o_val = [&](int i) { return kNoKeys ? 0.0f : st.o[i]; };
-  const int r_lo = c.qt * Cfg::kBlockM + row_base + g, r_hi = r_lo + 8;
+  const int r_lo = c.qt * kBlockM + row_base + g, r_hi = r_lo + 8;
   const int sq = w.sq;
   __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
   // Two outputs of a row as one 32-bit store, BF16 or FP16 (a uniform epilogue branch: out_dtype).
@@ -292,13 +290,13 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
     int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
     if constexpr (kCausal) {
-      const int shift = w.sk - w.sq + 1, r_lo = c.qt * Cfg::kBlockM + row_base + g;
+      const int shift = w.sk - w.sq + 1, r_lo = c.qt * kBlockM + row_base + g;
       vis_lo = min(r_lo + shift, w.sk), vis_hi = min(r_lo + 8 + shift, w.sk);
-      vis_first = min(c.qt * Cfg::kBlockM + shift, w.sk);
+      vis_first = min(c.qt * kBlockM + shift, w.sk);
     }
     auto mask_of = [&](int blk) {
-      const int k0 = blk * Cfg::kBlockN;
-      return BlockMask{vis_lo - k0, vis_hi - k0, vis_first - k0 < Cfg::kBlockN};
+      const int k0 = blk * kBlockN;
+      return BlockMask{vis_lo - k0, vis_hi - k0, vis_first - k0 < kBlockN};
     };
     ConsumerState<kD> st;
 #pragma unroll
@@ -371,7 +369,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3; INT8:
       // ((qk_multiplier * dq_row) * dk_group), one per row and half, section 9).
       const auto a = qscale * kd_blk;
-      const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{Cfg::kBlockN, Cfg::kBlockN, false};
+      const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{kBlockN, kBlockN, false};
       float t_lo, t_hi;
       tile_max<kProbe, kMaybePartial>(s, a, mask, t, false, t_lo, t_hi);
       cute::warpgroup_wait<0>();
@@ -413,7 +411,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // Repair tiles (numerics section 6): the same pipeline, no max update (a repair key repeats an
     // original key's score, which the max already covers), codes against the final max with each
     // key's own descale, numerator only. The first PV here is the last original tile's.
-    const float* kd_rep = p.repair_k_descale + int64_t(c.b * p.heads + c.h) * p.repair_tiles * Cfg::kBlockN;
+    const float* kd_rep = p.repair_k_descale + int64_t(c.b * p.heads + c.h) * p.repair_tiles * kBlockN;
     if constexpr (kRepair) for (int r = 0; r < p.repair_tiles; ++r) {
       issue_block(r == p.repair_tiles - 1);
       cute::warpgroup_wait<0>();
@@ -422,7 +420,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if (r == 0) accumulate_tile(st);
       else accumulate_numerator(st);
       pv_fresh = true;
-      convert_repair_tile(s, qscale, kd_rep + r * Cfg::kBlockN, p.repair_rows - r * Cfg::kBlockN,
+      convert_repair_tile(s, qscale, kd_rep + r * kBlockN, p.repair_rows - r * kBlockN,
                           clip ? expcast_addend_huge(st.m_lo) : expcast_addend(st.m_lo),
                           clip ? expcast_addend_huge(st.m_hi) : expcast_addend(st.m_hi), clip, t, st.p);
       prev = ring;
@@ -450,7 +448,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
 }
 
 template <int kMode, int kProbe>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(kCtaThreads, 1)
     expcast_attention_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                              const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_krep,
                              const __grid_constant__ CUtensorMap tm_vrep, const __grid_constant__ KernelParams p) {
@@ -474,8 +472,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The 8 row-sum rows under every V stage, all E4M3 1.0 (0x38): every column of the extra accumulator
   // chunk is then the row sum. Uniform rows are invariant under the 128-byte swizzle, so plain stores
   // give the layout the tensor core reads.
-  for (int idx = threadIdx.x; idx < C::kStages * 8 * Cfg::kBlockN / 4; idx += blockDim.x) {
-    const int stage = idx / (8 * Cfg::kBlockN / 4), word = idx % (8 * Cfg::kBlockN / 4);
+  for (int idx = threadIdx.x; idx < C::kStages * 8 * kBlockN / 4; idx += blockDim.x) {
+    const int stage = idx / (8 * kBlockN / 4), word = idx % (8 * kBlockN / 4);
     reinterpret_cast<uint32_t*>(sh.v[stage] + C::kTileBytes)[word] = 0x38383838u;
   }
   const bool compact = has_mode<kMode>(kVarlenMode) && p.compact_tiles;
@@ -491,10 +489,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     // 24 registers also for the varlen producer, whose tile decode spills there (outside the consumers'
     // loop): setmaxnreg.inc of the consumers waits until the registers given back cover it (config.h).
-    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegs>();
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
-    cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegs>();
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     // A warp-uniform warpgroup index (broadcast from lane 0) lets the compiler keep the Q descriptor
     // and the barrier ids in uniform registers instead of recomputing them every tile.
     consumer_loop<kMode, kProbe>(sh, p, ts, __shfl_sync(0xffffffffu, warpgroup - 1, 0));

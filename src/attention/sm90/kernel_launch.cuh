@@ -13,7 +13,7 @@ Status launch_kernel(const LaunchPlan& pl, cudaStream_t stream) {
   const size_t smem = sizeof(SharedStorage<kMode>) + 1024;
   auto kernel = expcast_attention_kernel<kMode, kProbe>;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<pl.grid, KernelConfig::kThreads, smem, stream>>>(pl.tm_q, pl.tm_k, pl.tm_v, pl.tm_krep, pl.tm_vrep, pl.kp);
+  kernel<<<pl.grid, kCtaThreads, smem, stream>>>(pl.tm_q, pl.tm_k, pl.tm_v, pl.tm_krep, pl.tm_vrep, pl.kp);
   OPENVC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
 }

@@ -85,7 +85,7 @@ Status validate_form(const AttentionParams& p, bool vc) {
     if (p.total_q < 0 || p.total_k < 0)
       return Status::Invalid("total_q, total_k: the token rows of q_codes and k_codes are needed with cu_seqlens "
                              "(offsets are clamped to them), got " + str(p.total_q) + ", " + str(p.total_k));
-    if (p.total_q > INT32_MAX - 2 * KernelConfig::kBlockM || p.total_k > INT32_MAX - 2 * KernelConfig::kBlockN)
+    if (p.total_q > INT32_MAX - 2 * kBlockM || p.total_k > INT32_MAX - 2 * kBlockN)
       return Status::Unsupported("total_q, total_k: must stay below 2^31 - 256 token rows (TMA coordinates)");
   } else {
     if (p.num_seqs != 0 || p.max_seqlen_q != 0 || p.max_seqlen_k != 0)
@@ -95,8 +95,8 @@ Status validate_form(const AttentionParams& p, bool vc) {
     if (in.batch <= 0 || in.seqlen_q <= 0 || in.seqlen_k <= 0)
       return Status::Invalid("in: batch, seqlen_q and seqlen_k must be > 0, got " + str(in.batch) + ", " +
                              str(in.seqlen_q) + ", " + str(in.seqlen_k));
-    if (int64_t(in.batch) * in.seqlen_q > INT32_MAX - KernelConfig::kBlockM ||
-        int64_t(in.batch) * in.seqlen_k > INT32_MAX - KernelConfig::kBlockN)
+    if (int64_t(in.batch) * in.seqlen_q > INT32_MAX - kBlockM ||
+        int64_t(in.batch) * in.seqlen_k > INT32_MAX - kBlockN)
       return Status::Unsupported("in: batch * seqlen_q and batch * seqlen_k must stay below 2^31 - 128 token rows");
   }
   if (p.seqused_k != nullptr && !aligned(p.seqused_k, 4))
@@ -180,8 +180,8 @@ bool causal_snake_pays(int64_t seqs, int64_t heads, int64_t sq, int64_t sk, int 
   double total = 0.0;
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t qt = nq - 1 - i % nq;             // the default order: qt descending per (b, h)
-    const int64_t last_key = std::min(qt * KernelConfig::kBlockM + KernelConfig::kBlockM, sq) - 1 + (sk - sq);
-    const int64_t blocks = last_key < 0 ? 0 : std::min(last_key / KernelConfig::kBlockN + 1, nk);
+    const int64_t last_key = std::min(qt * kBlockM + kBlockM, sq) - 1 + (sk - sq);
+    const int64_t blocks = last_key < 0 ? 0 : std::min(last_key / kBlockN + 1, nk);
     const double w = double(blocks) + kTileOverheadBlocks;
     load[size_t(i % grid)] += w;
     total += w;
@@ -205,7 +205,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const Shape sh = shape_of(params);
   const bool varlen = sh.packed || params.seqused_k != nullptr;
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
-  const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * KernelConfig::kBlockN;
+  const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
   // varlen mode index them flat; a zero-row map cannot be built, and nothing reads it then).
   const int64_t rows_q = sh.packed ? params.total_q : seqs * sq, rows_k = sh.packed ? params.total_k : seqs * sk;
@@ -214,21 +214,21 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   if (varlen) {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
-                                           {cuuint32_t(d), KernelConfig::kBlockM, 1}, "in.q_codes"));
+                                           {cuuint32_t(d), kBlockM, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
-                                           {cuuint32_t(d), KernelConfig::kBlockN, 1}, "in.k_codes"));
+                                           {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));
   } else {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
-                                           {cuuint32_t(d), KernelConfig::kBlockM, 1, 1}, "in.q_codes"));
+                                           {cuuint32_t(d), kBlockM, 1, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sk * h * d)},
-                                           {cuuint32_t(d), KernelConfig::kBlockN, 1, 1}, "in.k_codes"));
+                                           {cuuint32_t(d), kBlockN, 1, 1}, "in.k_codes"));
   }
   OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_v, in.v_packed, {cuuint64_t(sk_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
                                          {cuuint64_t(sk_pad), cuuint64_t(d * sk_pad)},
-                                         {KernelConfig::kBlockN, cuuint32_t(d), 1}, "in.v_packed"));
+                                         {kBlockN, cuuint32_t(d), 1}, "in.v_packed"));
 
   // Repair maps over [B, H, R, D] key copies and [B*H, D, R] residual V; without repair the plain
   // maps stand in (never read).
@@ -239,15 +239,15 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   if (rep.rows > 0) {
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_krep, rep.k_codes, {cuuint64_t(d), cuuint64_t(r_pad), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(d), cuuint64_t(r_pad * d), cuuint64_t(h * r_pad * d)},
-                                           {cuuint32_t(d), KernelConfig::kBlockN, 1, 1}, "repair.k_codes"));
+                                           {cuuint32_t(d), kBlockN, 1, 1}, "repair.k_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_vrep, rep.v_packed, {cuuint64_t(r_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
                                            {cuuint64_t(r_pad), cuuint64_t(d * r_pad)},
-                                           {KernelConfig::kBlockN, cuuint32_t(d), 1}, "repair.v_packed"));
+                                           {kBlockN, cuuint32_t(d), 1}, "repair.v_packed"));
   }
 
   KernelParams& kp = pl.kp;
   kp.repair_rows = rep.rows;
-  kp.repair_tiles = static_cast<int>(r_pad / KernelConfig::kBlockN);
+  kp.repair_tiles = static_cast<int>(r_pad / kBlockN);
   kp.repair_k_descale = rep.k_descale;
   kp.vc_channel_descale = vc ? vc->channel_descale : nullptr;
   kp.vc_mean_scaled = vc ? vc->mean_scaled : nullptr;

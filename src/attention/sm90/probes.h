@@ -31,7 +31,7 @@ enum Probe : int {
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
 template <bool kFlushEveryTile, int kProbe>
 inline constexpr int flush_tiles() {
-  return (kFlushEveryTile || (kProbe & kFlushEvery1)) ? 1 : (kProbe & kFlushEvery4) ? 4 : KernelConfig::kFlushTiles;
+  return (kFlushEveryTile || (kProbe & kFlushEvery1)) ? 1 : (kProbe & kFlushEvery4) ? 4 : kFlushTiles;
 }
 
 }  // namespace openvc::sm90

@@ -46,7 +46,7 @@ __device__ __forceinline__ void thread_row_max_bits(const float (&s)[64], int t,
   const int lo_i = max(lo_a, lo_b), hi_i = max(hi_a, hi_b);
   // Warp-uniform, so that the common path carries no reconvergence barrier (BSSY/BSYNC).
   if (__any_sync(0xffffffffu, (lo_i | hi_i) < 0)) {
-    thread_row_max<false>(s, KernelConfig::kBlockN, KernelConfig::kBlockN, t, lo, hi);
+    thread_row_max<false>(s, kBlockN, kBlockN, t, lo, hi);
   } else {
     lo = __int_as_float(lo_i);
     hi = __int_as_float(hi_i);

@@ -14,8 +14,6 @@
 
 namespace openvc::sm90 {
 
-using Cfg = KernelConfig;
-
 // Per-thread view of the 64-row accumulator fragment: lane 4g+t holds rows g and g+8 of its warp's
 // 16 rows; in every 8-column chunk j, columns 8j+2t and 8j+2t+1 (indices 4j..4j+3: lo row pair,
 // hi row pair).
@@ -283,7 +281,7 @@ __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float 
     p[4 * kb + 2] = pack_codes(h[2][0], h[3][0]);
     p[4 * kb + 3] = pack_codes(h[2][1], h[3][1]);
   }
-  if (valid < Cfg::kBlockN) mask_codes(p, valid, valid, t);
+  if (valid < kBlockN) mask_codes(p, valid, valid, t);
 }
 
 // Tile max of S (already waited for) in scaled code units.

@@ -36,7 +36,7 @@ __device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const Kernel
       const int q1 = min(max(__ldg(p.cu_q + s + 1), q0), p.total_q);
       // At most num_q_tiles (max_seqlen_q's): rows past it are not attended (as in the uncompacted
       // layout and the general path), and the Q descales hold only that many blocks per sequence.
-      x = min((q1 - q0 + KernelConfig::kBlockM - 1) / KernelConfig::kBlockM, p.num_q_tiles);
+      x = min((q1 - q0 + kBlockM - 1) / kBlockM, p.num_q_tiles);
     }
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -48,8 +48,6 @@ __device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const Kernel
   }
   if (write && lane == 0) seq_tile0[0] = 0;
 }
-
-using Cfg = KernelConfig;
 
 // Modes whose tiles may have no query row or no visible key (causal, packed sequences, key counts).
 template <int kMode>
@@ -126,7 +124,7 @@ template <int kMode>
 __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
   constexpr bool kVarlen = has_mode<kMode>(kVarlenMode), kCausal = has_mode<kMode>(kCausalMode);
   TileWork w{decode_tile<kMode>(tile, p, ts), 0, 0, p.seqlen_q, p.seqlen_k, 0, p.num_k_blocks, KeyOrder(0, 1, -1)};
-  const int r0 = w.c.qt * Cfg::kBlockM;
+  const int r0 = w.c.qt * kBlockM;
   w.q_row = r0;
   if constexpr (kVarlen) {
     int q0 = w.c.b * p.seqlen_q, k0 = w.c.b * p.seqlen_k;
@@ -138,10 +136,10 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
       w.q_out0 = q0;
     }
     if (p.seqused_k != nullptr) w.sk = min(w.sk, max(__ldg(p.seqused_k + w.c.b), 0));
-    w.sk = min(w.sk, p.num_k_blocks * Cfg::kBlockN);  // keys past the descale / V arrays are never read
+    w.sk = min(w.sk, p.num_k_blocks * kBlockN);  // keys past the descale / V arrays are never read
     w.q_row = q0 + r0;
     w.k_row0 = k0;
-    w.n = (w.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    w.n = (w.sk + kBlockN - 1) / kBlockN;
   }
   if (kTilesMayIdle<kMode> && r0 >= w.sq) {
     w.n = -1;
@@ -149,8 +147,8 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
   }
   if constexpr (kCausal) {
     // Blocks the tile's last row sees (numerics section 5), visited from the diagonal down.
-    const int last_key = min(r0 + Cfg::kBlockM, w.sq) - 1 + (w.sk - w.sq);
-    w.n = last_key < 0 ? 0 : min(last_key / Cfg::kBlockN + 1, w.n);
+    const int last_key = min(r0 + kBlockM, w.sq) - 1 + (w.sk - w.sq);
+    w.n = last_key < 0 ? 0 : min(last_key / kBlockN + 1, w.n);
     w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
   } else {
     // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
