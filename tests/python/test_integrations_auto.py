@@ -186,12 +186,14 @@ def test_no_format_within_the_tolerance(torch, af):
     assert choice.policy.format_label == "qk_format=int8, k_smoothing"
 
 
-def test_lse_calls_try_formats_without_k_smoothing(torch, af):
+def test_lse_calls_try_the_same_formats(torch, af):
+    """attention() returns the LSE of the keys as given with K smoothing, so LSE calls (ring merges) try the
+    same candidates, smoothing included."""
     choice, res, fast = choose(af, torch, af.AutoChoices(), Owner(),
-                               {"e4m3": 0.2, "int8": 0.3}, return_lse=True)
-    assert fast.calls == ["e4m3", "int8", "int8+exp2"]
-    assert choice.reason == "qk_format=int8, p_format=exp2 (auto: rel L2 0.010 <= 0.05)"
-    assert res[1] == "lse" and not choice.policy.k_smoothing
+                               {"e4m3": 0.2, "int8+k_smoothing": 0.3}, return_lse=True)
+    assert fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"]
+    assert choice.reason == "qk_format=int8, k_smoothing, p_format=exp2 (auto: rel L2 0.010 <= 0.05)"
+    assert res[1] == "lse" and choice.policy.k_smoothing
 
 
 def test_int8_is_not_tried_past_the_fast_path_range(torch, af):
@@ -272,8 +274,8 @@ def test_choosing_while_capturing_raises(torch, af, monkeypatch):
 
 def test_yunchang_processor_auto(torch, monkeypatch):
     from open_vc_attn.integrations import yunchang as ovy
-    def sharp(q, name):      # e4m3 fails on the large q, INT8 (no K smoothing: the LSE is kept) passes
-        return {"e4m3": 0.2, "int8": 0.03}.get(name, 0.01) if q.float().std() > 2 else 0.01
+    def sharp(q, name):      # e4m3 fails on the large q, INT8 + K smoothing passes (its LSE is the keys')
+        return {"e4m3": 0.2, "int8+k_smoothing": 0.03}.get(name, 0.01) if q.float().std() > 2 else 0.01
 
     fast = StandIn(torch, sharp)
     seen = []
@@ -292,9 +294,9 @@ def test_yunchang_processor_auto(torch, monkeypatch):
     out_s, _ = sharp_proc(qs, k, v, softmax_scale=0.125)
     flat(q, k, v, softmax_scale=0.125)
     sharp_proc(qs, k, v, softmax_scale=0.125)
-    assert not any(f["k_smoothing"] for f in seen)      # yunchang merges by the LSE: no K smoothing
+    assert any(f["k_smoothing"] for f in seen)   # the ring merges by the LSE, which smoothing keeps right now
     assert ovy.stats() == {("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)"): 2,
-                           ("openvc", "qk_format=int8 (auto: rel L2 0.030 <= 0.05)"): 2}
+                           ("openvc", "qk_format=int8, k_smoothing (auto: rel L2 0.030 <= 0.05)"): 2}
     assert len(seen) == 3 + 3 + 2
     assert torch.equal(out_s, (exact64(torch, qs, k, v, 0.125) * 1.03).float().to(torch.bfloat16))
     ovy.reset_auto(flat)

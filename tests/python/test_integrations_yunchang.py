@@ -131,14 +131,16 @@ def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
     ovy.reset_stats()
     pol = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8")
     ovy.OpenVCAttnProcessor(policy=pol)(q, q, q, softmax_scale=0.1)
-    small = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, k_smoothing=True)
-    with pytest.raises(ValueError, match="^policy.k_smoothing: yunchang merges the ring's steps by their LSE"):
-        ovy.OpenVCAttnProcessor(policy=small)   # the LSE of smoothed keys is shifted
+    # K smoothing too: attention() returns the LSE of the keys as given, which the ring merges by
+    smooth = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", k_smoothing=True)
+    ovy.OpenVCAttnProcessor(policy=smooth)(q, q, q, softmax_scale=0.1)
     exp2 = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", p_format="exp2")
     ovy.OpenVCAttnProcessor(policy=exp2)(q, q, q, softmax_scale=0.1)
     assert seen == [{"qk_format": "int8", "k_smoothing": False, "p_format": "expcast"},
+                    {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"},
                     {"qk_format": "int8", "k_smoothing": False, "p_format": "exp2"}]
-    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=int8, p_format=exp2"): 1}
+    assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=int8, k_smoothing"): 1,
+                           ("openvc", "qk_format=int8, p_format=exp2"): 1}
 
 
 def test_processor_fallback_callable_and_errors(torch, ovy):

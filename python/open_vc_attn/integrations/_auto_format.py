@@ -10,8 +10,8 @@ module's calls go to the framework's attention, with the errors as the reason.
 
 Candidates, fastest first (complete calls at S = 32,760, H = 40 on the H200, docs/performance.md, fourth
 session): E4M3 17.77 ms; INT8 + K smoothing 19.84 ms (0.90x E4M3's speed); INT8 + K smoothing + exp2 P
-24.93 ms (0.71x). A call that returns its LSE (ring attention merges by it) cannot take K smoothing, which
-shifts the LSE (docs/numerics.md section 9): it tries INT8 (19.81 ms) and INT8 + exp2 (24.87 ms) without.
+24.93 ms (0.71x). A call that returns its LSE (ring attention merges by it) tries the same formats:
+open_vc_attn.attention returns the LSE of the keys as given with K smoothing (docs/numerics.md section 9).
 INT8 is dropped past the fast path's size range (it has no general path). E4M3 + K smoothing is no
 candidate: it helps only where K has a channel offset, and there INT8 + K smoothing is far more accurate
 (docs/performance.md: 8.11% against 3.80%) at 0.90x the time.
@@ -19,7 +19,7 @@ candidate: it helps only where K has a channel offset, and there INT8 + K smooth
 Keying: one choice per (module, call class), the class being (causal, key padding mask, LSE returned,
 packed). A format's error follows the module's q/k statistics (its weights), which its calls at other
 lengths and steps share; causal, masked and packed calls are other attention problems, and an LSE call
-has other candidates. Not keyed by shape: a new resolution does not choose again (choosing costs up to
+is kept apart too (its consumer, a ring merge, is another use of the result). Not keyed by shape: a new resolution does not choose again (choosing costs up to
 3 calls and a host read). Reset: :meth:`AutoChoices.reset` (the integrations' ``reset_auto``).
 
 Cost and synchronization: the choosing call runs up to 3 openvc calls and exact attention of the sampled
@@ -39,14 +39,12 @@ import weakref
 from .. import _checks
 from . import policy as _policy
 
-__all__ = ["SAMPLE_ROWS", "CANDIDATES", "LSE_CANDIDATES", "Choice", "AutoChoices", "sample_rows"]
+__all__ = ["SAMPLE_ROWS", "CANDIDATES", "Choice", "AutoChoices", "sample_rows"]
 
 SAMPLE_ROWS = 256        # enough for a stable rel L2 of a module's rows; a small part of a call's work
 # (name, qk_format, k_smoothing, p_format), fastest first (docs/performance.md, see the module doc)
 CANDIDATES = (("e4m3", "e4m3", False, "expcast"), ("int8+k_smoothing", "int8", True, "expcast"),
               ("int8+k_smoothing+exp2", "int8", True, "exp2"))
-LSE_CANDIDATES = (("e4m3", "e4m3", False, "expcast"), ("int8", "int8", False, "expcast"),
-                  ("int8+exp2", "int8", False, "exp2"))
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 _BLOCK_BYTES = 256 << 20     # FP32 keys and values of the sampled rows gathered at a time
@@ -149,7 +147,7 @@ def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, c
     batch, sq, heads, d = q4.shape
     sk = k4.shape[1]
     scale = d ** -0.5 if scale is None else float(scale)
-    candidates = LSE_CANDIDATES if return_lse else CANDIDATES
+    candidates = CANDIDATES
     if not _checks.fast_path_range(*(lengths or (sq, sk))):
         candidates = tuple(c for c in candidates if c[1] != "int8")
     b, i, h = (torch.tensor(col, dtype=torch.long, device=q.device) for col in zip(*sample_rows(batch, sq, heads)))

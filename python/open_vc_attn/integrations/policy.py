@@ -67,8 +67,8 @@ class DispatchPolicy:
     "exp2" (E4M3 of an exact exponential, more accurate), which needs qk_format "int8": ValueError naming
     p_format otherwise, or for anything but the two strings.
     qk_format="auto": each attention module's first openvc call runs the candidate formats, fastest first
-    (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; without K smoothing where the call returns its
-    LSE), measures each one's rel L2 against exact FP32 attention on 256 sampled query rows, and keeps the
+    (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same where the call returns its LSE, which
+    attention() gives for the keys as given with K smoothing), measures each one's rel L2 against exact FP32 attention on 256 sampled query rows, and keeps the
     first within auto_tolerance for that module's calls, or sends them to the framework's attention when
     none is (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing
     and p_format are then part of the choice: ValueError naming them unless they keep their defaults.

@@ -112,9 +112,6 @@ class OpenVCAttnProcessor:
         if policy is not None and not isinstance(policy, _policy.DispatchPolicy):
             raise TypeError(f"policy: expected None or an open_vc_attn.integrations.policy.DispatchPolicy, got "
                             f"{type(policy).__name__}")
-        if policy is not None and policy.k_smoothing:
-            raise ValueError("policy.k_smoothing: yunchang merges the ring's steps by their LSE, which K smoothing "
-                             "shifts (docs/numerics.md section 9); use a policy with k_smoothing=False")
         self.policy = policy
         self.fallback = _resolve_fallback(fallback)
 
