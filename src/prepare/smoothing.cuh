@@ -14,7 +14,7 @@
 
 #include <cuda_fp16.h>
 
-#include "prepare/kernels.cuh"
+#include "prepare/tile.cuh"
 
 namespace openvc::prepare {
 

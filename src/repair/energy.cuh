@@ -11,7 +11,7 @@
 
 #include <cuda_fp8.h>
 
-#include "prepare/kernels.cuh"
+#include "prepare/tile.cuh"
 
 namespace openvc::repair {
 

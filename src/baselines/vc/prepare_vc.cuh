@@ -1,5 +1,5 @@
 // Kernels of the VC per-call preparation (numerics section 7, V-Smooth), given a permutation; bit-identical
-// to reference::vc_prepare. They reuse the tile walk, amax and encoding helpers of src/prepare/kernels.cuh
+// to reference::vc_prepare. They reuse the tile walk, amax and encoding helpers of src/prepare/tile.cuh
 // (2*D threads, four 16-element chunks per thread); K and V rows are gathered through the permutation.
 //   vc_qk_kernel:    Q per 128-token block (original order) and permuted K per 128-row block; it also
 //                    zeroes the (batch, head) slots of the per-channel residual amax.
@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/e4m3.cuh"
-#include "prepare/kernels.cuh"
+#include "prepare/tile.cuh"
 
 namespace openvc::vcprep {
 
