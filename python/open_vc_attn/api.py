@@ -252,7 +252,9 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     counts, Sk is the entry's count). mid_window_blocks: the key traversal of section 5 (None: natural
     order). Returns out, bfloat16 in q's shape ([B, Sq, H, D] or [Sq, H, D]; packed: [total_q, H, D]);
     with return_lse, (out, lse) where lse is float32 natural-log [B, H, Sq] ([H, Sq] for a rank-3 q,
-    [H, total_q] packed). head_dim 128 and 64 run the sm_90a fast path.
+    [H, total_q] packed). head_dim 128 and 64 run the sm_90a fast path. A preparation with k_smoothing
+    returns no LSE (ValueError naming prepared.k_smoothing: it holds no q . mean(K) to add back; attention()
+    returns it).
     out_dtype: None or torch.bfloat16 (the default: BF16 out), or torch.float16: the kernels write FP16
     directly (no cast kernel), for FP16 models.
     The Q/K format is the preparation's (``prepared.qk_format``): an INT8 preparation runs on the fast path
@@ -320,8 +322,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     qk_format: "e4m3" (default) or "int8" (INT8 Q/K codes with per-row Q and per-16-key-group K descales,
     docs/numerics.md section 9), in every call form above; INT8 runs on the sm_90a fast path only, so a
     call that would need the general path (sizes past its range) raises ValueError naming qk_format before
-    anything is prepared. k_smoothing: quantize K minus its per-channel mean (either format). See
-    :func:`prepare_fp8`. p_format: P's code (docs/numerics.md "P format"): "expcast" (default, ExpCast's
+    anything is prepared. k_smoothing: quantize K minus its per-channel mean (either format; with
+    return_lse, the LSE is that of the keys as given: the removed mean's term is added back, numerics
+    section 9). See :func:`prepare_fp8`. p_format: P's code (docs/numerics.md "P format"): "expcast" (default, ExpCast's
     linear code of section 3) or "exp2" (E4M3 RNE of an exact exponential: lower error, in CPU emulation 3.82%
     instead of 4.15% rel L2 on N(0,1) inputs at S = 4096 with INT8 + K smoothing), in every call form above;
     "exp2" needs qk_format="int8" (else ValueError naming p_format), anything but the two strings raises
