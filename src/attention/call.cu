@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/sm90/launch.h"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/call.h"
@@ -117,7 +118,7 @@ Status attention_path(const AttentionCall& c, int device, AttentionPath* path, s
   const Shape s = shape_of(c);
   std::string why;
   if (!device_supports_sm90a(device)) why = "device " + std::to_string(device) + " is not compute capability 9.0";
-  else if (num_quant_blocks(s.sq) * num_quant_blocks(s.sk) * kQuantBlock >= (int64_t(1) << 32))
+  else if (!sm90::fits_fast_path(s.sq, s.sk))
     why = "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)";
   *path = why.empty() ? AttentionPath::kFast : AttentionPath::kGeneral;
   if (reason != nullptr) *reason = why;

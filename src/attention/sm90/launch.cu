@@ -260,7 +260,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const int64_t tiles = nq * h * seqs;
   if (tiles > INT32_MAX) return Status::Invalid("in: sequences * heads * ceil(seqlen_q/128) exceeds 2^31");
   kp.num_tiles = static_cast<int>(tiles);
-  if (nq * sk_pad >= (int64_t(1) << 32))
+  if (!fits_fast_path(sq, sk))
     return Status::Unsupported("in: ceil(seqlen_q/128) * seqlen_k must be < 2^32 for the sm_90a kernel");
   if (seqs * h * nk > INT32_MAX || seqs * h * nq > INT32_MAX)
     return Status::Unsupported("in: sequences * heads * key or query blocks must be < 2^31 (descale indices)");

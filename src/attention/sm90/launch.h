@@ -12,6 +12,12 @@
 
 namespace openvc::sm90 {
 
+// Whether the kernel's 32-bit key-block indexing covers Sq x Sk (max lengths when packed):
+// ceil(Sq/128) * ceil(Sk/128) * 128 < 2^32. Larger calls are the general path's (call.cu).
+inline bool fits_fast_path(int64_t sq, int64_t sk) {
+  return num_quant_blocks(sq) * packed_seqlen_k(sk) < (int64_t(1) << 32);
+}
+
 // Extra inputs of the VC mode, already validated by the caller.
 struct VcModeInputs {
   const float* channel_descale = nullptr;  // [B, H, D]
