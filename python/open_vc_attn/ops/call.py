@@ -20,6 +20,7 @@ import torch
 from .. import _checks, _ext
 from . import device as dev
 from .direct import eager, named
+from .fp8 import sequence_outputs
 
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
            "int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks, "
@@ -43,16 +44,15 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
     return cu_q is not None, groups
 
 
-def _outputs(q, packed, return_lse, alloc, fill, out_dtype):
-    """out and lse: packed out [total_q, H, D] zeros and lse [H, total_q] -inf (rows no sequence covers stay
-    so); batched [B, Sq, H, D] and [B, H, Sq], every element written."""
-    dtype = _checks.out_dtype(out_dtype)
+def _sizes(q, packed):
+    """(N, Sq, Sk, H, D) as fp8.sequence_outputs reads them (packed: Sq is total_q; N and Sk unused there),
+    which gives the outputs: packed out [total_q, H, D] zeros and lse [H, total_q] -inf (rows no sequence
+    covers stay so), batched [B, Sq, H, D] and [B, H, Sq], every element written."""
     if packed:
         total, h, d = (int(x) for x in q.shape)
-        return (fill((total, h, d), dtype, 0.0),
-                fill((h, total) if return_lse else (0,), torch.float32, float("-inf")))
+        return 0, total, 0, h, d
     b, sq, h, d = (int(x) for x in q.shape)
-    return alloc((b, sq, h, d), dtype), alloc((b, h, sq) if return_lse else (0,), torch.float32)
+    return b, sq, 0, h, d
 
 
 def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
@@ -83,7 +83,8 @@ def attention_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, 
     """The CUDA implementation of the op: (out, lse)."""
     packed, _ = _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    out, lse = _outputs(q, packed, return_lse, dev.empty(q.device), dev.full(q.device), out_dtype)
+    out, lse = sequence_outputs(packed, _sizes(q, packed), return_lse, dev.empty(q.device), dev.full(q.device),
+                                out_dtype)
     c = _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out,
                      lse if return_lse else None, qk_format, k_smoothing, p_format)
     ext = _ext.load()
@@ -105,8 +106,7 @@ def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     p_format="expcast"):
     packed, _ = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
                        k_smoothing, p_format)
-    like = dev.like(q)
-    return _outputs(q, packed, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
+    return sequence_outputs(packed, _sizes(q, packed), return_lse, dev.like(q), dev.like_full(q), out_dtype)
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,

@@ -142,3 +142,9 @@ def full(device):
 def like(x):
     """An allocator (shape, dtype) -> new tensor like `x` (fake or meta), as the fake implementations use it."""
     return lambda shape, dtype: x.new_empty(shape, dtype=dtype)
+
+
+def like_full(x):
+    """:func:`full`'s signature for the fake implementations: (shape, dtype, value) -> new tensor like `x` (the
+    value does not matter to a fake)."""
+    return lambda shape, dtype, _value: x.new_empty(shape, dtype=dtype)

@@ -230,7 +230,7 @@ def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_desc
 # attention_general: the CUDA-core general path (head_dim 64 or 128). attention_fp8_full: the sm_90a fast
 # path in its causal / packed / key-count modes (head_dim 128 or 64). Same arguments, same outputs.
 
-def _sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
+def sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
     """out and lse of the sequence ops. Packed: out [total_q, H, D] zeros and lse [H, total_q] -inf, so the
     rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D] and [B, H, Sq], all written.
     out is BF16, or out_dtype."""
@@ -266,7 +266,7 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
     :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast: AttentionParams.p_format from
     p_format; the general path's struct has no P format: it computes ExpCast, and its callers reject exp2)."""
     n, sq, sk, h, d = (int(x) for x in sizes)
-    out, lse = _sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
+    out, lse = sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
     ext = _ext.load()
     p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
                    mid_window_blocks=int(mid_window_blocks))
@@ -295,7 +295,7 @@ def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_w
     packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
                                    qk_format, p_format)
     like = dev.like(tensors[0])
-    return _sequence_outputs(packed, sizes, return_lse, like, lambda shape, dtype, _: like(shape, dtype), out_dtype)
+    return sequence_outputs(packed, sizes, return_lse, like, dev.like_full(tensors[0]), out_dtype)
 
 
 @torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
