@@ -49,6 +49,27 @@ class DirectProcessor:
         self._openvc_skip(reason)
         return self._openvc_inner(*args, **kwargs)
 
+    def _route_unmasked(self, query, key, value):
+        """[B, H, S, D] q, k, v of an unmasked, non-causal joint attention through the route: the output
+        [B, S, H, D], the original's own SDPA call when the policy does not take it."""
+        import torch.nn.functional as F
+
+        def native():
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                                  is_causal=False).transpose(1, 2)
+
+        out, _ = self._openvc_route(self, *_bhsd_to_bshd(query, key, value), native)
+        return out
+
+
+def _rope_after_text(attn, query, key, text_len, image_rotary_emb):
+    """The rotary embedding of the video tokens (those after the first text_len), in place as diffusers'
+    CogVideoX and EasyAnimate processors apply it: queries, and keys unless the attention is cross-attention."""
+    from diffusers.models.embeddings import apply_rotary_emb
+    query[:, :, text_len:] = apply_rotary_emb(query[:, :, text_len:], image_rotary_emb)
+    if not attn.is_cross_attention:
+        key[:, :, text_len:] = apply_rotary_emb(key[:, :, text_len:], image_rotary_emb)
+
 
 def _bhsd_to_bshd(*tensors):
     """[B, H, S, D] -> [B, S, H, D] views (openvc takes these strides without a copy: head dim contiguous)."""
@@ -68,7 +89,6 @@ class CogVideoXProcessor(DirectProcessor):
             return self._original("attn_mask given to CogVideoX's processor (expanded per head and query)", attn,
                                   hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         import torch
-        import torch.nn.functional as F
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size = hidden_states.shape[0]
@@ -84,16 +104,8 @@ class CogVideoXProcessor(DirectProcessor):
         if attn.norm_k is not None:
             key = attn.norm_k(key)
         if image_rotary_emb is not None:
-            from diffusers.models.embeddings import apply_rotary_emb
-            query[:, :, text_seq_length:] = apply_rotary_emb(query[:, :, text_seq_length:], image_rotary_emb)
-            if not attn.is_cross_attention:
-                key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
-
-        def native():
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                                  is_causal=False).transpose(1, 2)
-
-        out, _ = self._openvc_route(self, *_bhsd_to_bshd(query, key, value), native)
+            _rope_after_text(attn, query, key, text_seq_length, image_rotary_emb)
+        out = self._route_unmasked(query, key, value)
         hidden_states = out.reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -113,7 +125,6 @@ class EasyAnimateProcessor(DirectProcessor):
             return self._original("attn_mask given to EasyAnimate's processor", attn, hidden_states,
                                   encoder_hidden_states, attention_mask, image_rotary_emb)
         import torch
-        import torch.nn.functional as F
         if attn.add_q_proj is None and encoder_hidden_states is not None:
             hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
@@ -132,17 +143,8 @@ class EasyAnimateProcessor(DirectProcessor):
                 ek = attn.norm_added_k(ek)
             query, key, value = torch.cat([eq, query], dim=2), torch.cat([ek, key], dim=2), torch.cat([ev, value], dim=2)
         if image_rotary_emb is not None:
-            from diffusers.models.embeddings import apply_rotary_emb
-            t = encoder_hidden_states.shape[1]
-            query[:, :, t:] = apply_rotary_emb(query[:, :, t:], image_rotary_emb)
-            if not attn.is_cross_attention:
-                key[:, :, t:] = apply_rotary_emb(key[:, :, t:], image_rotary_emb)
-
-        def native():
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                                  is_causal=False).transpose(1, 2)
-
-        out, _ = self._openvc_route(self, *_bhsd_to_bshd(query, key, value), native)
+            _rope_after_text(attn, query, key, encoder_hidden_states.shape[1], image_rotary_emb)
+        out = self._route_unmasked(query, key, value)
         hidden_states = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is not None:
             t = encoder_hidden_states.shape[1]
