@@ -32,6 +32,15 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(view, TokenTensorView, stride_seq);
   OPENVC_FIELD(view, TokenTensorView, stride_head);
 
+  auto blocks = openvc_bindings::params_class<KeyBlockList>(
+      m, "KeyBlockList", "openvc::KeyBlockList (key block lists of block-sparse attention; device int32 arrays).");
+  OPENVC_FIELD(blocks, KeyBlockList, num_blocks);
+  OPENVC_FIELD(blocks, KeyBlockList, indices);
+  OPENVC_FIELD(blocks, KeyBlockList, batch);
+  OPENVC_FIELD(blocks, KeyBlockList, heads);
+  OPENVC_FIELD(blocks, KeyBlockList, q_tiles);
+  OPENVC_FIELD(blocks, KeyBlockList, capacity);
+
   auto inputs = openvc_bindings::params_class<Fp8Inputs>(m, "Fp8Inputs", "openvc::Fp8Inputs (prepared FP8 inputs).");
   OPENVC_FIELD(inputs, Fp8Inputs, batch);
   OPENVC_FIELD(inputs, Fp8Inputs, seqlen_q);
@@ -104,6 +113,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, seqused_k);
   OPENVC_FIELD(attn, AttentionParams, p_format);
   OPENVC_FIELD(attn, AttentionParams, out_dtype);
+  OPENVC_FIELD(attn, AttentionParams, blocks);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",
                                                                       "openvc::GeneralAttentionParams.");

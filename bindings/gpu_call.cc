@@ -45,6 +45,7 @@ void register_gpu_call(nb::module_& m) {
   OPENVC_FIELD(call, AttentionCall, out_stride_head);
   OPENVC_FIELD(call, AttentionCall, out_dtype);
   OPENVC_FIELD(call, AttentionCall, lse);
+  OPENVC_FIELD(call, AttentionCall, blocks);
 
   m.def("attention_workspace_bytes", &attention_workspace_bytes, nb::arg("call"),
         "Workspace bytes of openvc::attention for this call (pointers are not read).");

@@ -163,6 +163,27 @@ inline int64_t repair_padded_rows(int64_t rows) { return num_quant_blocks(rows) 
 // A query row that sees no key (causal with Sq > Sk, an empty key sequence) gets output 0, lse -inf.
 // in.qk_format kInt8 (numerics section 9) takes every one of these forms, causal and head dim 64 too;
 // not repair rows (Status::Unsupported naming qk_format).
+//
+// Key block lists (block-sparse attention, optional; numerics section 5, "Key block lists"): query tile qt
+// (rows 128 qt ..) of batch entry b and head h visits only the 128-key blocks
+// indices[b', h', qt, 0 .. n-1], n = clamp(num_blocks[b', h', qt], 0, capacity), each index clamped to
+// [0, ceil(seqlen_k/128)) (b' = 0 when batch is 1, else b; h' likewise): FlexAttention's kv_num_blocks /
+// kv_indices layout. Listed blocks are visited whole, once per listing (a duplicate is visited twice), in
+// the mid-window order of list positions. Indices must ascend within a row when seqlen_k is not a multiple of
+// 128 (the partial last block is masked where an ascending list puts it; an unordered list then reads the
+// padding keys as keys, though never outside the tensors). A tile with n = 0 gives output 0, lse -inf.
+// The arrays are device memory read by the kernel only (graph replays may change them). Batched calls on the
+// fast path: not with causal, cu_seqlens, seqused_k, repair rows, the VC mode or p_format kExp2
+// (Status::Unsupported naming `blocks`).
+struct KeyBlockList {
+  const int* num_blocks = nullptr;  // int32 [batch, heads, q_tiles], 4-byte aligned
+  const int* indices = nullptr;     // int32 [batch, heads, q_tiles, capacity], 4-byte aligned
+  int batch = 0, heads = 0;         // 1 (broadcast) or the call's batch / heads
+  int q_tiles = 0;                  // ceil(seqlen_q / 128)
+  int capacity = 0;                 // indices' last dimension, >= 1
+};
+inline bool has_block_list(const KeyBlockList& b) { return b.num_blocks != nullptr || b.indices != nullptr; }
+
 struct AttentionParams {
   Fp8Inputs in;
   RepairInputs repair;                 // optional (rows 0: none); plain batched calls only
@@ -183,6 +204,7 @@ struct AttentionParams {
   // P format (see PFormat): kExp2 needs in.qk_format kInt8. Last, so that positional initializers of the
   // fields above stay valid.
   PFormat p_format = PFormat::kExpCast;
+  KeyBlockList blocks;                 // optional key block lists (see KeyBlockList); last, as above
 };
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
 

@@ -143,6 +143,22 @@ int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile
 // w >= 0, 0..nv-1 for natural order; the blocks after them are invisible to every row of the tile.
 int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile);
 
+// Key block lists (section 5, "Key block lists"; the kernel's KeyBlockList, in host memory): query tile qt
+// of (sequence s, head h) visits the blocks indices[row * capacity + i], i < clamp(num_blocks[row], 0,
+// capacity), row = (s' * heads + h') * q_tiles + qt (s' = 0 when batch is 1, else s; h' likewise), each
+// clamped to [0, ceil(Sk/128)), in the order of list positions p0, p0-1, ..., 0, p0+1, ..., n-1 with
+// p0 = min(diag - first + w, n - 1), first the clamped first listed block (natural order when w < 0 or
+// p0 < 0). query_tile must be 128; not with causal or repair rows.
+struct KeyBlockLists {
+  const int* num_blocks = nullptr;   // [batch, heads, q_tiles]
+  const int* indices = nullptr;      // [batch, heads, q_tiles, capacity]
+  int batch = 1, heads = 1, q_tiles = 0, capacity = 0;
+};
+// The blocks of one tile in visiting order (the rule above; diag = diagonal_block of the tile, n_blocks =
+// ceil(Sk/128)).
+std::vector<int> listed_block_order(const int* row, int count, int capacity, int diag, int n_blocks,
+                                    int mid_window_blocks);
+
 // ---- Sections 2-6: attention ----------------------------------------------------------------------
 struct AttentionOptions {
   float softmax_scale = 0.0f;   // <= 0 means 1/sqrt(D)
@@ -154,6 +170,7 @@ struct AttentionOptions {
   // either Q/K format (the GPU kernel takes kExp2 with INT8 only). Last, so that positional
   // initializers of the fields above stay valid.
   PFormat p_format = PFormat::kExpCast;
+  const KeyBlockLists* key_blocks = nullptr;   // optional block-sparse lists (above); last, as above
 };
 
 // Repair rows of section 6, per (sequence, head): the selected token indices (largest residual

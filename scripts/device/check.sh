@@ -40,6 +40,9 @@
 #   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
 #                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
 #                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).
+#   block-sparse      scripts/device/block_sparse_bench.py: openvc with key block lists (open_vc_attn.masks)
+#                     against FlexAttention in the same process, S = 75,600 H = 40 by default; $OUT/block_sparse.json
+#                     ($BLOCK_SPARSE_ARGS appended).
 #   host-breakdown    scripts/device/host_breakdown.py: host time of each step of one eager attention() call
 #                     (Sq = Sk = 256, H = 12) against SDPA; $OUT/host_breakdown.json.
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
@@ -295,6 +298,12 @@ step_dispatch_floor() {
      ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -120; exit $r)
 }
 
+step_block_sparse() {
+  step_install || return 1
+  (cd /tmp && timeout 420 "$PY" "$REPO/scripts/device/block_sparse_bench.py" --out "$OUT/block_sparse.json" \
+     ${BLOCK_SPARSE_ARGS:-} > "$OUT/block-sparse.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/block-sparse.log" | tail -40; exit $r)
+}
+
 step_host_breakdown() {
   step_install || return 1
   (cd /tmp && timeout 120 "$PY" "$REPO/scripts/device/host_breakdown.py" 2>&1 | grep -v Warn | tee "$OUT/host-breakdown.log";
@@ -373,7 +382,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 qk-tradeoff "
+modes-int8 qk-tradeoff block-sparse "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do

@@ -127,6 +127,8 @@ Status attention_path(const AttentionCall& c, int device, AttentionPath* path, s
                                "take this call: " + why);
   if (!why.empty() && c.p_format == PFormat::kExp2)
     return Status::Unsupported("attention: call.p_format kExp2 runs on the sm_90a fast path only: " + why);
+  if (!why.empty() && has_block_list(c.blocks))
+    return Status::Unsupported("attention: call.blocks (key block lists) run on the sm_90a fast path only: " + why);
   return Status::Ok();
 }
 
@@ -174,7 +176,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     a.softmax_scale = c.softmax_scale, a.mid_window_blocks = c.mid_window_blocks, a.causal = c.causal;
     a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k, a.num_seqs = p.num_seqs;
     a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
-    a.seqused_k = c.seqused_k, a.p_format = c.p_format;
+    a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks;
     OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
   } else {
     GeneralAttentionParams g;

@@ -110,11 +110,26 @@ Status check_options(const AttentionOptions& opt) {
     return Status::Invalid("opt.p_format: expected PFormat::kExpCast or PFormat::kExp2, got " +
                            std::to_string(static_cast<int>(opt.p_format)));
   }
+  if (opt.key_blocks != nullptr) {
+    const KeyBlockLists& kb = *opt.key_blocks;
+    if (kb.num_blocks == nullptr || kb.indices == nullptr)
+      return Status::Invalid("opt.key_blocks: num_blocks and indices must both be set");
+    if (opt.causal) return Status::Unsupported("opt.key_blocks: key block lists do not combine with causal");
+    if (opt.query_tile != kQuantBlock)
+      return Status::Invalid("opt.key_blocks: query_tile must be " + std::to_string(kQuantBlock) + " with key block lists");
+    if (kb.batch < 1 || kb.heads < 1 || kb.q_tiles < 1 || kb.capacity < 1)
+      return Status::Invalid("opt.key_blocks: batch, heads, q_tiles and capacity must be >= 1");
+  }
   if (!std::isfinite(opt.softmax_scale)) {
     return Status::Invalid("opt.softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(opt.softmax_scale));
   }
   return Status::Ok();
+}
+
+// Row of a key block list for (sequence s, head h, query tile qt) (broadcast where batch / heads are 1).
+int64_t listed_row(const KeyBlockLists& kb, int s, int h, int qt) {
+  return (int64_t(kb.batch == 1 ? 0 : s) * kb.heads + (kb.heads == 1 ? 0 : h)) * kb.q_tiles + qt;
 }
 
 // Online-softmax state of one query row.
@@ -182,8 +197,12 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
     for (int r = 0; r < nrows; ++r) rows[r] = RowState{kNegInf, 0.0, &A_buf[static_cast<size_t>(r) * D]};
     // Causal: only the blocks the tile's last row sees, from the diagonal down (numerics section 5).
     const int nv = opt.causal ? causal_visible_blocks(r0 + nrows - 1, sq, sk, bt) : n;
+    const KeyBlockLists* kb = opt.key_blocks;
     const std::vector<int> order =
-        nv <= 0 ? std::vector<int>()
+        kb != nullptr ? listed_block_order(kb->indices + listed_row(*kb, s, h, r0 / bt) * kb->capacity,
+                                           kb->num_blocks[listed_row(*kb, s, h, r0 / bt)], kb->capacity,
+                                           diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks)
+        : nv <= 0    ? std::vector<int>()
         : opt.causal ? key_block_order(nv - 1, nv, opt.mid_window_blocks)
                      : key_block_order(diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks);
 
@@ -315,6 +334,14 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
   OPENVC_RETURN_IF_ERROR(check_prepared(in));
   const int nseq = in.q_seqs.count(), H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
   const float tau = internal::resolve_softmax_scale(opt.softmax_scale, D);
+  if (opt.key_blocks != nullptr) {
+    const KeyBlockLists& kb = *opt.key_blocks;
+    const int64_t q_tiles = (in.q_seqs.max_length() + kQuantBlock - 1) / kQuantBlock;
+    if ((kb.batch != 1 && kb.batch != nseq) || (kb.heads != 1 && kb.heads != H) || kb.q_tiles < q_tiles)
+      return Status::Invalid("opt.key_blocks: batch must be 1 or " + std::to_string(nseq) + ", heads 1 or " +
+                             std::to_string(H) + ", q_tiles >= " + std::to_string(q_tiles));
+    if (in.repair != nullptr) return Status::Unsupported("opt.key_blocks: key block lists do not take repair rows");
+  }
   res->out.assign(static_cast<size_t>(in.q_seqs.total_tokens()) * H * D, 0.0f);
   // Rows past a shorter sequence's end have no softmax: -inf like an empty log-sum-exp.
   res->lse.assign(static_cast<size_t>(nseq) * H * in.q_seqs.max_length(), kNegInf);

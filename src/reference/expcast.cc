@@ -57,6 +57,22 @@ std::vector<int> key_block_order(int diag, int n, int mid_window_blocks) {
   return order;
 }
 
+std::vector<int> listed_block_order(const int* row, int count, int capacity, int diag, int n_blocks,
+                                    int mid_window_blocks) {
+  const int n = std::max(0, std::min(count, capacity));
+  auto block = [&](int pos) { return std::max(0, std::min(row[pos], n_blocks - 1)); };
+  std::vector<int> order;
+  if (n == 0 || n_blocks < 1) return order;
+  order.reserve(n);
+  // Positions measured from the first listed block, so that a list of consecutive blocks starts at
+  // diag + w as the dense order does.
+  const int64_t p0 = mid_window_blocks < 0 ? -1
+                                           : std::min<int64_t>(int64_t(diag) - block(0) + mid_window_blocks, n - 1);
+  for (int64_t p = p0; p >= 0; --p) order.push_back(block(int(p)));
+  for (int64_t p = std::max<int64_t>(p0 + 1, 0); p < n; ++p) order.push_back(block(int(p)));
+  return order;
+}
+
 // Invalid arguments (negative row or sk, sq or key_tile <= 0) give -1.
 int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile) {
   if (first_query_row < 0 || sq <= 0 || sk < 0 || key_tile <= 0) return -1;

@@ -2,7 +2,7 @@
 // consumer warpgroups (QK^T and PV on the tensor cores, ExpCast in between), persistent over
 // (sequence, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5, 9 (INT8 Q/K) and 10
 // (exp2 P). Template arguments: the production Mode bits (mode.h: plain, repair, VC, causal, varlen,
-// head dim 64, INT8 Q/K, exp2 P; the combinations built are kProductionModes) and a timing Probe
+// head dim 64, INT8 Q/K, exp2 P, key block lists; the combinations built are kProductionModes) and a timing Probe
 // (probes.h, bench only; kNoProbe in the library).
 #pragma once
 #include <cuda.h>
@@ -48,6 +48,9 @@ struct alignas(1024) SharedStorage {
                 "repair and VC modes are built for head dim 128 only");
   static_assert(!has_mode<kMode>(kExp2PMode) || has_mode<kMode>(kInt8QkMode),
                 "the exp2 P format is built for INT8 Q/K only (not with repair or VC)");
+  static_assert(!has_mode<kMode>(kBlockListMode) ||
+                    !has_mode<kMode>(Mode(kVcMode | kRepairMode | kCausalMode | kVarlenMode | kExp2PMode)),
+                "key block lists are built for batched calls (not causal, varlen, repair, VC or exp2)");
 };
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -121,7 +124,7 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
     else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
     for (int i = 0; i < w.n; ++i, ring.advance()) {
-      const int blk = w.order(i);
+      const int blk = key_block<kMode>(w, i, p.num_k_blocks);
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
       if constexpr (kVarlen)
@@ -283,7 +286,12 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     const int n = w.n;
-    const KeyOrder& order = w.order;
+    // The key block of step i (block lists: a loaded index, made visibly uniform for the mask branches).
+    auto order = [&](int i) {
+      const int b = key_block<kMode>(w, i, p.num_k_blocks);
+      if constexpr (has_mode<kMode>(kBlockListMode)) return int(__reduce_max_sync(0xffffffffu, b));
+      else return b;
+    };
     const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
     const float* kd = k_descales<kInt8>(p, c);
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile

@@ -39,6 +39,13 @@ struct KernelParams {
   // kVarlenMode with cu_seqlens and at most kMaxCompactSeqs sequences: the compact tile space
   // (tiles.cuh); num_tiles is then an upper bound and the kernel counts the tiles itself.
   bool compact_tiles;
+  // kBlockListMode only: query tile qt of (b, h) visits the blocks blk_index[row * blk_capacity + i],
+  // i < clamp(blk_count[row], 0, blk_capacity), row = b * blk_stride_b + h * blk_stride_h + qt (a stride
+  // of 0 broadcasts); each index clamped to [0, num_k_blocks).
+  const int* blk_count;
+  const int* blk_index;
+  int64_t blk_stride_b, blk_stride_h;
+  int blk_capacity;
 };
 
 }  // namespace openvc::sm90

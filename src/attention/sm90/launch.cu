@@ -70,6 +70,32 @@ Shape shape_of(const AttentionParams& p) {
   return {false, p.in.batch, p.in.seqlen_q, p.in.seqlen_k};
 }
 
+// Key block lists (attention.h, KeyBlockList): the host-side rules; counts and indices are device data,
+// clamped by the kernel.
+Status validate_block_list(const AttentionParams& p, bool vc) {
+  const KeyBlockList& b = p.blocks;
+  const Fp8Inputs& in = p.in;
+  if (b.num_blocks == nullptr || b.indices == nullptr)
+    return Status::Invalid(std::string("blocks: key block lists need both num_blocks and indices, got only ") +
+                           (b.num_blocks ? "blocks.num_blocks" : "blocks.indices"));
+  if (!aligned(b.num_blocks, 4) || !aligned(b.indices, 4))
+    return Status::Invalid("blocks.num_blocks, blocks.indices: int32 arrays must be 4-byte aligned");
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr || p.causal ||
+      p.repair.rows > 0 || vc || p.p_format == PFormat::kExp2)
+    return Status::Unsupported("blocks: key block lists take batched calls without causal, cu_seqlens, seqused_k, "
+                               "repair rows, the VC mode or p_format kExp2");
+  if ((b.batch != 1 && b.batch != in.batch) || (b.heads != 1 && b.heads != in.heads))
+    return Status::Invalid("blocks.batch, blocks.heads: must be 1 (broadcast) or the call's batch (" + str(in.batch) +
+                           ") and heads (" + str(in.heads) + "), got " + str(b.batch) + ", " + str(b.heads));
+  if (b.q_tiles != num_quant_blocks(in.seqlen_q))
+    return Status::Invalid("blocks.q_tiles: must be ceil(seqlen_q / 128) = " + str(num_quant_blocks(in.seqlen_q)) +
+                           ", got " + str(b.q_tiles));
+  if (b.capacity < 1) return Status::Invalid("blocks.capacity: must be >= 1, got " + str(b.capacity));
+  if (int64_t(b.batch) * b.heads * b.q_tiles * b.capacity > INT32_MAX)
+    return Status::Unsupported("blocks: batch * heads * q_tiles * capacity must be < 2^31 (int32 indices)");
+  return Status::Ok();
+}
+
 Status validate_form(const AttentionParams& p, bool vc) {
   const Fp8Inputs& in = p.in;
   const Shape sh = shape_of(p);
@@ -115,6 +141,7 @@ Status validate_form(const AttentionParams& p, bool vc) {
   if (in.qk_format == QkFormat::kInt8 && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string("in.qk_format kInt8: ") + (vc ? "the VC mode" : "repair rows") +
                                " take E4M3 Q/K only (kInt8 runs dense, causal, cu_seqlens and seqused_k calls)");
+  if (has_block_list(p.blocks)) OPENVC_RETURN_IF_ERROR(validate_block_list(p, vc));
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
@@ -290,7 +317,14 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
            : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode) |
                  (d == 64 ? kHeadDim64Mode : kPlainMode) |
                  (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode) |
-                 (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode);
+                 (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode) |
+                 (has_block_list(params.blocks) ? kBlockListMode : kPlainMode);
+  const KeyBlockList& bl = params.blocks;
+  kp.blk_count = bl.num_blocks;
+  kp.blk_index = bl.indices;
+  kp.blk_stride_h = bl.heads == 1 ? 0 : bl.q_tiles;
+  kp.blk_stride_b = bl.batch == 1 ? 0 : int64_t(bl.heads) * bl.q_tiles;
+  kp.blk_capacity = bl.capacity;
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);

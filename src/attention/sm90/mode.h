@@ -39,6 +39,11 @@ enum Mode : int {
   // ExpCast's linear code. The same registers, key order, max, masks, rescale and [V|1] row sums.
   // INT8 only (with causal, varlen and head dim 64; not with repair or VC).
   kExp2PMode = 64,
+  // Block-sparse (numerics section 5, "Key block lists"): each query tile visits the 128-key blocks of its
+  // row of a device list (FlexAttention's kv_num_blocks / kv_indices layout; counts clamped to the row's
+  // capacity, indices to [0, nk)), in the mid-window order of list positions. Batched calls (no causal,
+  // varlen, repair or VC); E4M3 or INT8 Q/K, head dim 128 or 64.
+  kBlockListMode = 128,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -70,6 +75,10 @@ inline constexpr int kProductionModes[] = {
     kExp2PMode | kInt8QkMode | kHeadDim64Mode | kCausalMode,
     kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
     kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
+    kBlockListMode,
+    kBlockListMode | kHeadDim64Mode,
+    kBlockListMode | kInt8QkMode,
+    kBlockListMode | kInt8QkMode | kHeadDim64Mode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -93,7 +102,7 @@ inline std::string mode_name(int mode) {
   constexpr struct { int bit; const char* name; } kBits[] = {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
-      {kExp2PMode, "exp2"}};
+      {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;

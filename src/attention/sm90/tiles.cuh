@@ -51,7 +51,8 @@ __device__ __forceinline__ void build_compact_tiles(int* seq_tile0, const Kernel
 
 // Modes whose tiles may have no query row or no visible key (causal, packed sequences, key counts).
 template <int kMode>
-inline constexpr bool kTilesMayIdle = has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode);
+inline constexpr bool kTilesMayIdle =
+    has_mode<kMode>(kCausalMode) || has_mode<kMode>(kVarlenMode) || has_mode<kMode>(kBlockListMode);
 
 // The largest power of two below kMaxCompactSeqs: the binary search's first step.
 inline constexpr int kCompactSearchSpan = 512;
@@ -118,7 +119,8 @@ struct TileWork {
   int sq, sk;    // the sequence's query and key counts
   int q_out0;    // output token of query row 0 (packed: cu_q[s]; batched: 0)
   int n;         // key blocks to visit; 0: no visible key (output 0, lse -inf); < 0: no query row here
-  KeyOrder order;
+  KeyOrder order;   // visiting order of key blocks, or of list positions (kBlockListMode)
+  const int* blocks = nullptr;   // kBlockListMode: the tile's row of block indices
 };
 template <int kMode>
 __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
@@ -154,9 +156,29 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
     // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
     // range) because a 64-bit division is a call, and a call serializes the wgmma pipeline.
     const int diag = static_cast<int>((uint32_t(w.c.qt) * uint32_t(w.sk)) / uint32_t(w.sq));
-    w.order = KeyOrder(diag, w.n, p.mid_window_blocks);
+    if constexpr (has_mode<kMode>(kBlockListMode)) {
+      // The mid-window order over list positions, measured from the first listed block: for a list of
+      // consecutive blocks (windows, frame-causal) it starts at the listed block diag + w (numerics
+      // section 5, "Key block lists"). Two loads per tile, no search.
+      const int64_t row = w.c.b * p.blk_stride_b + w.c.h * p.blk_stride_h + w.c.qt;
+      w.blocks = p.blk_index + row * p.blk_capacity;
+      w.n = min(max(__ldg(p.blk_count + row), 0), p.blk_capacity);
+      const int first = w.n > 0 ? min(max(__ldg(w.blocks), 0), p.num_k_blocks - 1) : 0;
+      w.order = KeyOrder(diag - first, w.n, p.mid_window_blocks);
+    } else {
+      w.order = KeyOrder(diag, w.n, p.mid_window_blocks);
+    }
   }
   return w;
+}
+
+// The key block a tile visits at step i: the order's block, or (kBlockListMode) the listed block at the
+// order's list position, clamped to [0, nk) so that no index reads outside K, V or the descales.
+template <int kMode>
+__device__ __forceinline__ int key_block(const TileWork& w, int i, int nk) {
+  const int pos = w.order(i);
+  if constexpr (has_mode<kMode>(kBlockListMode)) return min(max(__ldg(w.blocks + pos), 0), nk - 1);
+  else return pos;
 }
 
 // The consumers' copy of a tile's work with every field made visibly warp-uniform. The varlen fields come
@@ -176,6 +198,11 @@ __device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelPara
     w.sq = __reduce_max_sync(kAll, w.sq);
     w.sk = __reduce_max_sync(kAll, w.sk);
     w.q_out0 = __reduce_max_sync(kAll, w.q_out0);
+    w.n = __reduce_max_sync(kAll, w.n);
+    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
+  }
+  if constexpr (has_mode<kMode>(kBlockListMode)) {   // loaded counts and first blocks
+    constexpr unsigned kAll = 0xffffffffu;
     w.n = __reduce_max_sync(kAll, w.n);
     w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
   }

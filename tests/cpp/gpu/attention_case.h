@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu/attention_test_util.h"
+#include "gpu/block_list_case.h"
 #include "gpu/gpu_test_util.h"
 #include "openvc/attention.h"
 #include "openvc/general.h"
@@ -46,6 +47,9 @@ struct Case {
   // Huge spreads: attention is nearly one-hot and one accumulator ulp can pick another key, so only
   // finiteness and the convex-combination bound |O| <= max |V| are checked.
   bool finite_only = false;
+  // Key block lists (fast path, batched): the kernel and the reference visit the same lists; exact
+  // attention has no block mask, so only the reference on the same codes is compared.
+  const BlockLists* blocks = nullptr;
 };
 
 inline std::vector<int> offsets(const std::vector<int>& lens) {
@@ -112,6 +116,8 @@ inline void run_case(const Case& c) {
   opt.mid_window_blocks = c.mid_window;
   opt.causal = c.causal;
   opt.softmax_scale = c.softmax_scale;
+  const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
+  if (c.blocks) opt.key_blocks = &host_blocks;
   ref::AttentionResult want;
   ASSERT_TRUE(ref::attention_expcast(prep, opt, &want).ok());
 
@@ -142,6 +148,8 @@ inline void run_case(const Case& c) {
   const Dev<float> dks(relayout(prep.k.descale, prep.k.max_blocks, nk_arr));
   const Dev<float> dvs(prep.v.descale);
   const Dev<int> dcu_q(qs.cu_seqlens), dcu_k(ks.cu_seqlens), dused(used);
+  const Dev<int> dblk_n(c.blocks ? c.blocks->counts : std::vector<int>()),
+      dblk_i(c.blocks ? c.blocks->indices : std::vector<int>());
 
   // Output [total_q, H, D] (batched: the same memory as [B, Sq, H, D]), optionally with gaps.
   const int64_t s_head = D, s_seq = int64_t(H) * D + (c.padded_out ? 24 : 0);
@@ -189,6 +197,7 @@ inline void run_case(const Case& c) {
     f.num_seqs = p.num_seqs, f.max_seqlen_q = p.max_seqlen_q, f.max_seqlen_k = p.max_seqlen_k;
     f.total_q = p.total_q, f.total_k = p.total_k;
     f.seqused_k = p.seqused_k;
+    if (c.blocks) f.blocks = c.blocks->device(dblk_n.ptr(), dblk_i.ptr());
     st = openvc::attention_fp8(f, stream);
   } else {
     st = openvc::attention_general(p, stream);
@@ -273,6 +282,11 @@ inline void run_case(const Case& c) {
   // codes across a boundary); 0.05 is still well under one code step (ln(9/8) = 0.118). The mean
   // against exact attention is held to the reference's below.
   EXPECT_LE(lse_err, fast ? 0.05 : 1e-4);
+  if (c.blocks) {
+    std::printf("  [fast block lists B=%d H=%d D=%d w=%d] vs ref: rel_l2 %.1e max_abs %.1e, lse %.1e\n", nseq, H, D,
+                c.mid_window, e.rel_l2, e.max_abs, lse_err);
+    return;
+  }
 
   // Against exact attention on the original inputs: as accurate as the reference (within 10%), for
   // the output and for the LSE (the exact log-sum-exp).

@@ -40,6 +40,7 @@
 #include "attention/sm90/expcast.cuh"
 #include "gpu/attention_case.h"
 #include "gpu/attention_test_util.h"
+#include "gpu/block_list_case.h"
 #include "gpu/gpu_test_util.h"
 #include "openvc/attention.h"
 #include "openvc/reference.h"
@@ -76,6 +77,7 @@ struct Int8ModeCase {
   int slot_k = 0;                    // batched with key counts: slot_k keys per entry, lens_k used
   int extra_max = 0;                 // packed: max_seqlen_q/k this much above the true maximum
   float qk_scale = 1.0f;             // q and k multiplied by this (sharp heads)
+  const openvc::testing::BlockLists* blocks = nullptr;   // key block lists (batched; exact not compared)
 };
 
 Int8ModeCase batched(int B, int sq, int sk, int H, int D, bool causal, int w, bool video) {
@@ -145,6 +147,8 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   opt.mid_window_blocks = c.mid_window;
   opt.causal = c.causal;
   opt.p_format = exp2 ? ref::PFormat::kExp2 : ref::PFormat::kExpCast;
+  const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
+  if (c.blocks) opt.key_blocks = &host_blocks;
   ref::AttentionResult want;
   ASSERT_TRUE(ref::attention_expcast(prep, opt, &want).ok());
 
@@ -178,6 +182,8 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   const Dev<uint8_t> dv(pack_v(prep.v.codes, ks, nk));
   const Dev<float> dqs(qd), dks(kd), dvs(prep.v.descale);
   const Dev<int> dcu_q(qs.cu_seqlens), dcu_k(ks.cu_seqlens), dused(c.lens_k);
+  const Dev<int> dblk_n(c.blocks ? c.blocks->counts : std::vector<int>()),
+      dblk_i(c.blocks ? c.blocks->indices : std::vector<int>());
 
   const size_t n = size_t(total_q) * H * D;
   DevBuf dout(std::max<size_t>(n * 2, 16)), dlse(std::max<size_t>(size_t(H) * total_q * 4, 16));
@@ -203,6 +209,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
     p.in.batch = nseq, p.in.seqlen_q = c.lens_q[0], p.in.seqlen_k = slot > 0 ? slot : c.lens_k[0];
     p.out_stride_batch = int64_t(c.lens_q[0]) * H * D;
     if (slot > 0) p.seqused_k = dused.ptr();
+    if (c.blocks) p.blocks = c.blocks->device(dblk_n.ptr(), dblk_i.ptr());
   }
   const openvc::Status st = openvc::attention_fp8(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
@@ -248,6 +255,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
       }
   EXPECT_EQ(lse_bad, 0) << "LSE rows that are not the reference's -inf or are not finite";
   EXPECT_LE(lse_err, 0.015);
+  if (c.blocks) return;   // exact attention has no block mask
 
   // Against exact attention on the original inputs: as accurate as the reference on the same codes.
   std::vector<double> exact;
@@ -326,6 +334,19 @@ void head_dim64_cases(bool exp2) {
   counts.causal = true;
   counts.lens_k = {0, 128, 999};
   run_int8_case(counts, exp2);
+}
+
+// Key block lists (kBlockListMode | kInt8QkMode; E4M3: test_attention_sm90_block_list.cu).
+TEST(Sm90Int8Modes, BlockLists) {
+  SKIP_WITHOUT_SM90();
+  for (int D : {128, 64}) {
+    openvc::testing::BlockListSpec s;
+    s.batch = 2, s.heads = 2, s.seed = 51u + D;
+    const auto lists = openvc::testing::make_block_lists(s, 8, 11);   // Sq = 1000, Sk = 1300
+    Int8ModeCase c = batched(2, 1000, 1300, 2, D, false, 4, true);
+    c.blocks = &lists;
+    run_int8_case(c, false);
+  }
 }
 
 TEST(Sm90Int8Modes, Dense) {

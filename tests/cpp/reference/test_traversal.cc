@@ -55,6 +55,24 @@ TEST(Traversal, InvalidArgumentsGiveEmptyOrder) {
   EXPECT_TRUE(key_block_order(0, 4, -2).empty());
 }
 
+// Key block lists (section 5): the mid-window order over list positions, measured from the first listed
+// block; out-of-range counts and indices clamped.
+TEST(Traversal, ListedBlockOrder) {
+  const int consecutive[] = {3, 4, 5, 6, 7, 8, 9};
+  // Consecutive blocks 3..9 with diag 5, w 1: start at block 6, as key_block_order(5, 10, 1) would.
+  EXPECT_EQ(listed_block_order(consecutive, 7, 7, 5, 10, 1), (V{6, 5, 4, 3, 7, 8, 9}));
+  EXPECT_EQ(listed_block_order(consecutive, 7, 7, 5, 10, kNaturalOrder), (V{3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(listed_block_order(consecutive, 7, 7, 1, 10, 0), (V{3, 4, 5, 6, 7, 8, 9}));   // diag before the list
+  EXPECT_EQ(listed_block_order(consecutive, 7, 7, 9, 10, 4), (V{9, 8, 7, 6, 5, 4, 3}));   // past its end
+  const int gaps[] = {0, 4, 9};   // positions, not block numbers: p0 = min(5 - 0 + 0, 2) = 2
+  EXPECT_EQ(listed_block_order(gaps, 3, 3, 5, 10, 0), (V{9, 4, 0}));
+  EXPECT_EQ(listed_block_order(gaps, 2, 3, 5, 10, 0), (V{4, 0}));          // count below the capacity
+  EXPECT_EQ(listed_block_order(gaps, 9, 3, 5, 10, kNaturalOrder), (V{0, 4, 9}));   // count clamped
+  EXPECT_TRUE(listed_block_order(gaps, -2, 3, 5, 10, 4).empty());
+  const int bad[] = {-5, 2, 40};   // indices clamped to [0, n_blocks)
+  EXPECT_EQ(listed_block_order(bad, 3, 3, 0, 6, kNaturalOrder), (V{0, 2, 5}));
+}
+
 TEST(Traversal, DiagonalBlock) {
   EXPECT_EQ(diagonal_block(0, 4096, 4096, 128), 0);
   EXPECT_EQ(diagonal_block(127, 4096, 4096, 128), 0);
