@@ -1,7 +1,8 @@
-# CUTLASS/CuTe headers, pinned to the version the project's set-up installs (requirements/build.txt:
+# CUTLASS/CuTe headers, pinned to the version the project's set-up provides (requirements/build.txt:
 # nvidia-cutlass==4.2.0.0, whose wheel ships the headers under cutlass_library/source/include).
-# Search order: -DOPENVC_CUTLASS_INCLUDE=..., $OPENVC_CUTLASS_INCLUDE, third_party/cutlass/include,
-# then the installed wheel found through the Python interpreter.
+# Search order: -DOPENVC_CUTLASS_INCLUDE=..., $OPENVC_CUTLASS_INCLUDE, third_party/cutlass/include (where
+# scripts/setup.sh unpacks the wheel's headers, scripts/cutlass_headers.py), then an installed wheel found
+# through the Python interpreter (`pip install .`'s isolated build environment, pyproject's build requires).
 set(OPENVC_CUTLASS_VERSION "4.2.0")
 if(NOT OPENVC_CUTLASS_INCLUDE AND DEFINED ENV{OPENVC_CUTLASS_INCLUDE})
   set(OPENVC_CUTLASS_INCLUDE "$ENV{OPENVC_CUTLASS_INCLUDE}")
@@ -20,8 +21,9 @@ if(NOT OPENVC_CUTLASS_INCLUDE)
   endif()
 endif()
 if(NOT OPENVC_CUTLASS_INCLUDE OR NOT EXISTS "${OPENVC_CUTLASS_INCLUDE}/cutlass/version.h")
-  message(FATAL_ERROR "CUTLASS headers not found: run `pip install -r requirements/build.txt` "
-                      "(nvidia-cutlass==4.2.0.0) or pass -DOPENVC_CUTLASS_INCLUDE=<dir>")
+  message(FATAL_ERROR "CUTLASS headers not found: run `python3 scripts/cutlass_headers.py` (unpacks the "
+                      "nvidia-cutlass==4.2.0.0 wheel's headers into third_party/cutlass/include; scripts/setup.sh "
+                      "runs it) or pass -DOPENVC_CUTLASS_INCLUDE=<dir>")
 endif()
 file(STRINGS "${OPENVC_CUTLASS_INCLUDE}/cutlass/version.h" _ver REGEX "#define CUTLASS_(MAJOR|MINOR|PATCH) ")
 string(REGEX REPLACE ".*CUTLASS_MAJOR ([0-9]+).*CUTLASS_MINOR ([0-9]+).*CUTLASS_PATCH ([0-9]+).*" "\\1.\\2.\\3" _found "${_ver}")

@@ -11,6 +11,10 @@
 #   otherwise                     the project venv $OPENVC_VENV (default .venv), created from python3
 #                                 when absent, reused when present (a PEP 668 system Python stays clean)
 # Wheels in .whl/ are offered to pip too (--find-links), for a machine without network.
+# nvidia-cutlass is not installed as a Python package: scripts/cutlass_headers.py unpacks its wheel's
+# C++ headers, all the build uses, into the git-ignored third_party/cutlass/include (cmake/cutlass.cmake
+# looks there first). Installed with --no-deps, pip would report its missing dependencies (cuda-python,
+# scipy, ...) as an ERROR on this and every later pip install into the environment.
 #
 #   bash scripts/setup.sh [REQUIREMENTS_FILE ...]    (default: requirements/build.txt)
 set -euo pipefail
@@ -113,12 +117,13 @@ EOF
 
 # Installs the lines of the given requirements files (those whose environment marker holds) whose
 # distribution is not installed at all. An installed one is kept whatever its version (a differing
-# == pin is reported): the GPU machine's torch 2.11.0+cu130 must not be replaced. nvidia-cutlass is
-# skipped when CUTLASS comes from elsewhere (cmake/cutlass.cmake: $OPENVC_CUTLASS_INCLUDE or
-# third_party/cutlass). With --tolerant a failed install (no network) is reported and the tests that
-# need the package skip; under CI (CI set) every failure stops the run, so a green CI ran everything.
+# == pin is reported): the GPU machine's torch 2.11.0+cu130 must not be replaced. nvidia-cutlass counts
+# as present when third_party/cutlass/include holds its pinned headers or $OPENVC_CUTLASS_INCLUDE
+# names other ones (cmake/cutlass.cmake checks their version). With --tolerant a failed install (no
+# network) is reported and the tests that need the package skip; under CI (CI set) every failure
+# stops the run, so a green CI ran everything.
 openvc_require() {
-  local tolerant=0 missing list line reqs=() nodeps=() find=() ok=1
+  local tolerant=0 missing list line reqs=() cutlass= find=() ok=1
   if [ "${1:-}" = --tolerant ]; then tolerant=1; shift; fi
   missing=$("$PY" - "$@" <<'EOF'
 import importlib.metadata as md, os, sys
@@ -126,14 +131,19 @@ try:
     from packaging.requirements import Requirement
 except ImportError:   # a fresh venv: pip's own copy
     from pip._vendor.packaging.requirements import Requirement
-cutlass_elsewhere = bool(os.environ.get("OPENVC_CUTLASS_INCLUDE")) or os.path.isdir("third_party/cutlass/include/cute")
+sys.path.insert(0, "scripts")
+import cutlass_headers
 for path in sys.argv[1:]:
     for line in open(path):
         req = line.split("#", 1)[0].strip()
         if not req:
             continue
         r = Requirement(req)
-        if (r.marker and not r.marker.evaluate()) or (r.name == "nvidia-cutlass" and cutlass_elsewhere):
+        if r.marker and not r.marker.evaluate():
+            continue
+        if r.name == "nvidia-cutlass":   # headers only, never an installed package (see the top)
+            if not os.environ.get("OPENVC_CUTLASS_INCLUDE") and not cutlass_headers.in_place(req):
+                print(req)
             continue
         try:
             have = md.version(r.name)
@@ -148,16 +158,16 @@ EOF
   [ -n "$missing" ] || return 0
   list=$(tr '\n' ' ' <<<"$missing")
   openvc_check_space "$missing"
-  echo "setup: installing into $PY: $list"
   while IFS= read -r line; do   # one requirement per line (a line may hold spaces, e.g. a marker)
-    # Only nvidia-cutlass's C++ headers are used, not its Python dependencies (scipy, cuda-python).
-    case $line in nvidia-cutlass*) nodeps+=("$line") ;; *) reqs+=("$line") ;; esac
+    case $line in nvidia-cutlass*) cutlass=$line ;; *) reqs+=("$line") ;; esac
   done <<<"$missing"
-  if [ -d .whl ]; then find=(--find-links .whl); fi
-  if [ ${#nodeps[@]} -gt 0 ]; then
-    "$PY" -m pip install --progress-bar off --no-deps "${find[@]}" "${nodeps[@]}" || ok=0
+  if [ -n "$cutlass" ]; then
+    echo "setup: unpacking the CUTLASS headers of $cutlass into third_party/cutlass/include"
+    "$PY" scripts/cutlass_headers.py "$cutlass" || ok=0
   fi
+  if [ -d .whl ]; then find=(--find-links .whl); fi
   if [ ${#reqs[@]} -gt 0 ]; then
+    echo "setup: installing into $PY: ${reqs[*]}"
     "$PY" -m pip install --progress-bar off "${find[@]}" "${reqs[@]}" || ok=0
   fi
   if [ "$ok" = 0 ]; then

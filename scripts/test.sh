@@ -27,7 +27,8 @@ fi
 
 BUILD=${OPENVC_TEST_BUILD:-build/test}
 JOBS=${JOBS:-$(nproc)}
-# Python3_EXECUTABLE: cmake/cutlass.cmake finds the CUTLASS headers through the chosen environment.
+# Python3_EXECUTABLE: the chosen environment (cmake/cutlass.cmake's last place to look for the CUTLASS
+# headers; openvc_require above put them in third_party/cutlass/include, which it looks at first).
 cmake -S . -B "$BUILD" -DOPENVC_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$PY" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
 ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"

@@ -9,9 +9,10 @@
 # Steps (C++ ones use binaries built on the CPU machine and carried: $BUILD/src/libopenvc.so,
 # $BUILD/tests/cpp/openvc_gpu_tests, $BUILD/openvc_bench_attention; Python ones the installed package):
 #   install           build the package wheel with this machine's torch (no network: --no-build-isolation
-#                     --no-deps; needs third_party/cutlass/include carried) and install it. Python steps
-#                     run it once per call by themselves (OPENVC_SKIP_INSTALL=1: use what is installed;
-#                     OPENVC_WHEEL=path: install that wheel instead of building one).
+#                     --no-deps) and install it. CUTLASS headers: third_party/cutlass/include when carried,
+#                     else unpacked from the carried .whl/nvidia_cutlass-*.whl (scripts/cutlass_headers.py
+#                     --offline). Python steps run it once per call by themselves (OPENVC_SKIP_INSTALL=1:
+#                     use what is installed; OPENVC_WHEEL=path: install that wheel instead of building one).
 #   cpp-tests         the C++ GPU suites ($CPP_FILTER, default all).
 #   sanitizer         compute-sanitizer memcheck and racecheck on small shapes of each kernel family
 #                     ($SANITIZER_FILTERS, space-separated gtest filters).
@@ -84,7 +85,8 @@ wheel_start() {  # builds the wheel in the background, so that C++ steps can run
   [ -n "$WHEEL_PID" ] || [ "$INSTALLED" = 1 ] || [ "${OPENVC_SKIP_INSTALL:-0}" = 1 ] || [ -n "${OPENVC_WHEEL:-}" ] \
     && return 0
   rm -rf "$WHEEL_DIR"
-  ( export OPENVC_CUTLASS_INCLUDE=$REPO/third_party/cutlass/include CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
+  ( "$PY" "$REPO/scripts/cutlass_headers.py" --offline   # nothing to do when the headers are there
+    export OPENVC_CUTLASS_INCLUDE=$REPO/third_party/cutlass/include CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
     time "$PY" -m pip wheel -q --no-build-isolation --no-deps "$REPO" -w "$WHEEL_DIR" ) > "$OUT/install.log" 2>&1 &
   WHEEL_PID=$!
 }

@@ -33,3 +33,46 @@ def cpu_qkv(torch, shape=(1, 8, 2, 128), dtype=None, **over):
     t = {n: torch.zeros(shape, dtype=dtype) for n in "qkv"}
     t.update(over)
     return t["q"], t["k"], t["v"]
+
+
+def bytes_equal(torch, a, b):
+    """Same shape, dtype and bytes (NaN payloads and -0.0 included)."""
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+
+def graph_replays_like_eager(torch, call, inputs, *new_inputs):
+    """Captures ``call(*inputs)`` in a CUDA graph in *global* capture mode, then replays it with each of
+    ``new_inputs`` (and ``inputs`` again) copied into the captured tensors and compares every output, byte
+    for byte, with an eager ``call`` on the same values.
+
+    Global mode is what makes this a host-synchronization check that sees inside libopenvc: while a
+    global-mode capture is under way, the CUDA driver refuses synchronizing and other unsafe calls
+    (cudaStreamSynchronize, cudaDeviceSynchronize, a synchronous cudaMemcpy, cudaMalloc, ...) from any
+    caller in the process, whatever CUDA runtime made them, and invalidates the capture, so the call or
+    the end of the capture raises. torch.cuda.set_sync_debug_mode("error") sees torch's own calls only,
+    and libopenvc links its CUDA runtime statically.
+
+    call: returns a tensor or a tuple of tensors (return a preparation's ``.tensors()``, not the object).
+    inputs, new_inputs: tuples of CUDA tensors of one shape and dtype each (q, k, v, offsets, key counts).
+    """
+    static = tuple(x.clone() for x in inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up outside the capture: extension and op loading, first launches
+        call(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="global"):
+        captured = call(*static)
+    captured = captured if isinstance(captured, tuple) else (captured,)
+    for new in (*new_inputs, inputs):
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = call(*new)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(captured) == len(want)
+        for i, (got, expected) in enumerate(zip(captured, want)):
+            assert bytes_equal(torch, got, expected), f"output {i} of the replay differs from the eager call"

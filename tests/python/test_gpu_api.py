@@ -337,6 +337,7 @@ def test_non_default_stream(torch):
 
 @pytest.mark.gpu
 def test_no_host_synchronization(torch):
+    """Sees torch's synchronizing calls only; those inside libopenvc: test_gpu_capture.py (global capture)."""
     q, k, v = cuda_qkv(torch, 1, 1000, 2, seed=6)
     open_vc_attn.attention(q, k, v)   # first call outside the check (lazy initialization)
     torch.cuda.set_sync_debug_mode("error")   # any synchronizing torch call now raises

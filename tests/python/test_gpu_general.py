@@ -566,6 +566,7 @@ def test_non_default_stream(torch):
 
 @pytest.mark.gpu
 def test_no_host_synchronization(torch):
+    """Sees torch's synchronizing calls only; those inside libopenvc: test_gpu_capture.py (global capture)."""
     qb, kb, vb = cuda(torch, *batched_qkv(1, 500, 500, 2, 64, seed=13))
     qn, kn, vn, cu_q, cu_k = packed_qkv((1, 300, 700), (700, 300, 1), 2, 128, seed=14)
     qp, kp, vp = cuda(torch, qn, kn, vn)

@@ -298,6 +298,7 @@ def test_cuda_graph_capture_and_replay(torch):
 
 @pytest.mark.gpu
 def test_no_host_synchronization(torch):
+    """Sees torch's synchronizing calls only; those inside libopenvc: test_gpu_capture.py (global capture)."""
     q, k, v = to_cuda(torch, video_qkv(1, 1000, 2, seed=6))
     baselines.vc_attention(q, k, v)   # first call outside the check (lazy initialization)
     torch.cuda.set_sync_debug_mode("error")

@@ -241,7 +241,9 @@ TEST(AttentionCall, CapturedInACudaGraphAndReplayedWithNewInputs) {
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  // Global mode: while capturing, the driver refuses synchronizing or allocating calls (stream or device
+  // synchronize, synchronous memcpy, cudaMalloc) from any thread, so one inside the library fails the capture.
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   const openvc::Status st = openvc::attention(a, ws.p, ws.bytes, s);
   CUDA_OK(cudaStreamEndCapture(s, &g));
   ASSERT_TRUE(st.ok()) << st.message();
