@@ -140,7 +140,7 @@ def test_importing_the_package_does_not_load_the_extension():
     and works without the extension. A fresh interpreter shows what the import loads."""
     import subprocess
     import sys
-    code = ("import sys, open_vc_attn, open_vc_attn.api, open_vc_attn._checks; "
+    code = ("import sys, open_vc_attn, open_vc_attn.api, open_vc_attn._checks, open_vc_attn.masks; "
             "print('open_vc_attn._openvc_ext' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"], out
