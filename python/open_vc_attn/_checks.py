@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._layout import (FAST_HEAD_DIMS, FP8_NAMES, GRID_LIMIT, INT_MAX, KERNEL_HEAD_DIM, NATURAL_ORDER,
-                      P_FORMATS, PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
+from ._layout import (ATTENTION_PATHS, FAST_HEAD_DIMS, FP8_NAMES, GRID_LIMIT, INT_MAX, NATURAL_ORDER, P_FORMATS,
+                      PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
                       varlen_expectations)
 
 
@@ -116,10 +116,10 @@ def require_tensors(q, k, v):
             raise TypeError(f"{name}: expected a torch.Tensor (CUDA, bfloat16 or float16), got {type(x).__name__}")
 
 
-def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
-    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
-    The device comes last, so that every other check can be exercised with CPU tensors."""
-    torch = import_torch()
+def token_views(q, k, v):
+    """The rank rules of prepare_fp8 / attention (rank 4, or a rank-3 q: one sequence, whose k and v may
+    be rank 3 or a batch of one); returns rank-4 views and q's rank. Never copies. The rest of the tensor
+    rules are :func:`check_tokens`' (the ops run them on the views)."""
     require_tensors(q, k, v)
     rank = q.dim()
     if rank not in (3, 4):
@@ -131,9 +131,18 @@ def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
     q4 = q.unsqueeze(0) if rank == 3 else q
     k4 = k.unsqueeze(0) if k.dim() == 3 else k
     v4 = v.unsqueeze(0) if v.dim() == 3 else v
+    if rank == 3 and k4.shape[0] != 1:
+        raise ValueError(f"k: expected batch 1 like q (rank-3 q is one sequence), got shape {shape_of(k)}")
+    return q4, k4, v4, rank
+
+
+def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
+    """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
+    The device comes last, so that every other check can be exercised with CPU tensors."""
+    torch = import_torch()
+    q4, k4, v4, rank = token_views(q, k, v)
     if k4.shape[0] != q4.shape[0]:
-        raise ValueError(f"k: expected batch {q4.shape[0]} like q"
-                         f"{' (rank-3 q is one sequence)' if rank == 3 else ''}, got shape {shape_of(k)}")
+        raise ValueError(f"k: expected batch {q4.shape[0]} like q, got shape {shape_of(k)}")
     if k4.shape[2] != q4.shape[2]:
         raise ValueError(f"k: expected {q4.shape[2]} heads like q, got shape {shape_of(k)}: GQA/MQA (unequal "
                          "head counts) is not supported; repeat k and v's heads to q's head count")
@@ -479,29 +488,14 @@ def check_op_scalars(softmax_scale, mid_window_blocks=NATURAL_ORDER):
                          f"{mid_window_blocks}")
 
 
-def check_rank4_tokens(op, q, k, v):
-    """q, k, v of a preparing op: rank-4 [B, S, H, D], then the rules of check_tokens."""
+def check_rank4_tokens(op, q, k, v, caller="prepare_fp8"):
+    """q, k, v of a preparing op: rank-4 [B, S, H, D], then the rules of check_tokens (caller: the function
+    that the head-dim message names)."""
+    require_tensors(q, k, v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             raise ValueError(f"{name}: open_vc_attn::{op} takes rank-4 [B, S, H, D] tensors, got shape {shape_of(x)}")
-    check_tokens(q, k, v)
-
-
-def check_fast_op_args(tensors, softmax_scale, mid_window_blocks, repair=False, fmt="e4m3", p_fmt="expcast"):
-    """open_vc_attn::attention_fp8 (head_dim 128 or 64) and its repair variant (head_dim 128): a batched
-    preparation in the layouts of qk_format fmt (INT8: within the fast path's range), P format p_fmt."""
-    fmt = qk_format(fmt)
-    p_format(p_fmt, fmt)
-    b, sq, sk, h, d = check_fp8_tensors(tensors, "", None, fmt)
-    if repair and d != KERNEL_HEAD_DIM:
-        raise ValueError(f"q_codes: open_vc_attn::attention_fp8_repair supports head_dim {KERNEL_HEAD_DIM} only, "
-                         f"got {d}")
-    if d not in FAST_HEAD_DIMS:
-        raise ValueError(f"q_codes: open_vc_attn::attention_fp8 supports head_dim 128 or 64, got {d}")
-    check_op_scalars(softmax_scale, mid_window_blocks)
-    if fmt == "int8":   # (E4M3 past the range is the C++ side's to refuse, as before)
-        require_fast_path(fmt, general_path_reason(d, sq, sk))
-    return b, sq, sk, h, d
+    check_tokens(q, k, v, caller=caller)
 
 
 def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
@@ -542,34 +536,35 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
     return n, total_q, total_k, h, d
 
 
-def check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fast=False,
-                          fmt="e4m3", p_fmt="expcast"):
-    """open_vc_attn::attention_general (E4M3 and ExpCast only), and attention_fp8_full (fast: no grid limit;
-    E4M3 or INT8 in the layouts of qk_format fmt, P format p_fmt); returns (packed, sizes): sizes (B, Sq, Sk, H,
-    D) batched, (N, total_q, total_k, H, D) packed."""
+GENERAL_PATH = "the general path (open_vc_attn::attention_fp8 with path='general')"
+
+
+def attention_path(x, name="path") -> str:
+    """path of open_vc_attn::attention_fp8: "auto", "fast" or "general"; anything else raises ValueError."""
+    if not isinstance(x, str) or x not in ATTENTION_PATHS:
+        got = repr(x) if isinstance(x, str) else f"{x!r} ({type(x).__name__})"
+        raise ValueError(f"{name}: expected one of {list(ATTENTION_PATHS)}, got {got}")
+    return x
+
+
+def check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fmt="e4m3",
+                            p_fmt="expcast", path="auto"):
+    """open_vc_attn::attention_fp8's arguments up to its route: the formats (path "general": E4M3 and ExpCast
+    only), the scalars and a batched (offsets None) or packed preparation in the layouts of qk_format fmt;
+    returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
     fmt = qk_format(fmt)
     p_format(p_fmt)
-    if not fast:
-        require_e4m3(fmt, "the general path (open_vc_attn::attention_general)")
-        require_expcast(p_fmt, "the general path (open_vc_attn::attention_general)")
+    if attention_path(path) == "general":   # before the P format's own rule: the path is what refuses them
+        require_e4m3(fmt, GENERAL_PATH)
+        require_expcast(p_fmt, GENERAL_PATH)
     p_format(p_fmt, fmt)
     check_op_scalars(softmax_scale, mid_window_blocks)
-    if cu_q is None and cu_k is None:
-        sizes = check_fp8_tensors(tensors, "", None, fmt)
-        if sizes[4] not in PREPARE_HEAD_DIMS:
-            raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
-        packed = False
-    else:
-        sizes, packed = check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt), True
-    if fast:
-        if sizes[4] not in FAST_HEAD_DIMS:
-            raise ValueError(f"q_codes: the sm_90a fast path takes head_dim 128 or 64, got {sizes[4]}")
-        if not fast_path_range(max_q if packed else sizes[1], max_k if packed else sizes[2]):
-            raise ValueError("q_codes, k_codes: ceil(seqlen_q/128) * ceil(seqlen_k/128) * 128 must be < 2^32 for "
-                             "the sm_90a fast path")
-    else:
-        check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
-    return packed, sizes
+    if cu_q is not None or cu_k is not None:
+        return True, check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt)
+    sizes = check_fp8_tensors(tensors, "", None, fmt)
+    if sizes[4] not in PREPARE_HEAD_DIMS:
+        raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
+    return False, sizes
 
 
 def fast_path_range(sq, sk) -> bool:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import numbers
 
-from ._checks import check_fixed_layouts, check_one_cuda_device, check_op_scalars, check_rank4_tokens, check_token_strides, check_tokens, import_torch, shape_of
+from ._checks import (check_fixed_layouts, check_fp8_tensors, check_one_cuda_device, check_op_scalars,
+                      check_rank4_tokens, check_token_strides, check_tokens, import_torch, shape_of)
 from ._layout import INT_MAX, KERNEL_HEAD_DIM, VC_NAMES, fp8_expectations, repair_expectations, vc_expectations
 
 
@@ -145,6 +146,17 @@ def repair_rows(x, seqlen_k) -> int:
     y = budget(x) * int(seqlen_k)
     whole = math.floor(y)
     return int(whole) + (1 if y - whole >= 0.5 else 0)   # y - floor(y) is exact for doubles
+
+
+def check_repair_fp8(tensors, softmax_scale, mid_window_blocks):
+    """The preparation and scalars of open_vc_attn::attention_fp8_repair: batched E4M3, head_dim 128 (the
+    fast path's repair variant); returns (B, Sq, Sk, H, D)."""
+    b, sq, sk, h, d = check_fp8_tensors(tensors, "", None)
+    if d != KERNEL_HEAD_DIM:
+        raise ValueError(f"q_codes: open_vc_attn::attention_fp8_repair supports head_dim {KERNEL_HEAD_DIM} only, "
+                         f"got {d}")
+    check_op_scalars(softmax_scale, mid_window_blocks)
+    return b, sq, sk, h, d
 
 
 def check_repair_tensors(tensors, b, h, d, rows, prefix=""):

@@ -19,6 +19,9 @@ QK_FORMATS = ("e4m3", "int8")  # Q/K code formats (openvc::QkFormat kE4M3, kInt8
 # P formats (openvc::PFormat kExpCast, kExp2; _openvc_ext.PFormat.expcast / .exp2): ExpCast's linear code (the
 # default) or E4M3 RNE of an exact exponential ("exp2", INT8 Q/K only; docs/numerics.md, "P format").
 P_FORMATS = ("expcast", "exp2")
+# open_vc_attn::attention_fp8's path: the fast path where it can take the call, else the general path ("auto");
+# the general path forced ("general": tests compare the two), or the fast path required ("fast").
+ATTENTION_PATHS = ("auto", "fast", "general")
 KERNEL_HEAD_DIM = 128          # the only head dim of the repair path and the VC baseline
 FAST_HEAD_DIMS = (128, 64)     # the sm_90a fast path (dense, causal, packed sequences, key counts)
 PREPARE_HEAD_DIMS = (128, 64)  # prepare_fp8, and the general path of attention / attention_fp8

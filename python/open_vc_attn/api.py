@@ -62,7 +62,7 @@ class PreparedFP8:
     given, input_rank 3, and the tensors are q_codes [total_q, H, D], q_descale [N, H, ceil(max_q/128)],
     k_codes [total_k, H, D], k_descale [N, H, ceil(max_k/128)] (0 past a sequence's end), v_packed
     [N, H, D, ceil(max_k/128)*128] (each sequence from column 0 of its own slab, zero padding) and
-    v_descale [N, H]. :func:`attention_fp8` does not take them (:func:`attention` with cu_seqlens does).
+    v_descale [N, H]. :func:`attention_fp8` attends them (as :func:`attention` with cu_seqlens does).
     """
     q_codes: Any
     q_descale: Any
@@ -125,7 +125,7 @@ class PreparedFP8:
 def _max_seqlen(given, cu):
     """max_seqlen_q/k: the given value, or the longest sequence read from the offsets (one device-to-host
     copy, i.e. a synchronization; documented) when it is None and cu is a usable offset tensor. Anything
-    unusable is left to _checks.check_varlen, which names it."""
+    unusable is left to the op's checks (_checks.check_varlen), which name it."""
     torch = _checks.import_torch()
     if given is not None or not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 2 \
             or cu.dtype != torch.int32:
@@ -137,41 +137,15 @@ _WARNED = set()
 
 
 def _warn_general_path(reason):
-    """One RuntimeWarning per process and reason: the general path is correct but far slower."""
-    if reason in _WARNED:
+    """After a call that ran on the general path (reason: _checks.general_path_reason's, None on the fast
+    path): one RuntimeWarning per process and reason, as that path is correct but far slower."""
+    if reason is None or reason in _WARNED:
         return
     _WARNED.add(reason)
     import warnings
     warnings.warn(f"open_vc_attn: {reason}: this call runs on the general path (CUDA cores, correct but far "
                   "slower than the sm_90a fast path); docs/api.md lists which calls take which path",
-                  RuntimeWarning, stacklevel=4)
-
-
-def _run_attention(tensors, rank, softmax_scale, mid_window_blocks, return_lse, causal=False, varlen=None,
-                   seqused_k=None, names=("q", "q"), out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    """Runs the fast or the general path on prepared tensors. varlen: (cu_q, cu_k, max_q, max_k) or None;
-    seqused_k: optional key counts. names: the arguments that give the batch (or sequence count) and the
-    heads, for the general path's grid-limit message.
-    qk_format: the preparation's (checked; "int8" never reaches the general path: the callers check it).
-    p_format: checked against qk_format ("exp2" is INT8 only, so it never reaches the general path either)."""
-    from . import ops  # imports torch and registers every custom op, on first use
-    qc, kc = tensors[0], tensors[2]
-    cu_q, cu_k, max_q, max_k = varlen if varlen is not None else (None, None, 0, 0)
-    sq, sk = (max_q, max_k) if varlen is not None else (qc.shape[-3], kc.shape[-3])
-    reason = _checks.general_path_reason(int(qc.shape[-1]), sq, sk)
-    if reason is None and varlen is None and seqused_k is None and not causal:
-        out, lse = ops.direct.attention_fp8(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                                            qk_format=qk_format, p_format=p_format)
-    else:
-        if reason is not None:
-            _warn_general_path(reason)
-            batch = tensors[5].shape[0]   # v_descale [B or N, H]
-            _checks.check_general_grid(batch, tensors[5].shape[1], names, varlen is not None)
-        # fast: causal, packed sequences, key counts (the fast path's other modes); else the general path
-        out, lse = ops.direct.attention_sequence(reason is None, tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                 causal, mid_window_blocks, return_lse, seqused_k, out_dtype,
-                                                 qk_format=qk_format, p_format=p_format)
-    return _finish(out, lse, rank if varlen is None else 4, return_lse)
+                  RuntimeWarning, stacklevel=3)
 
 
 def _finish(out, lse, rank, return_lse):
@@ -219,29 +193,27 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
     to that shift, and the codes lose less to a common K offset). Anything but the two strings raises
     ValueError naming qk_format; a non-bool k_smoothing TypeError.
     """
-    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
-    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if any(x is not None for x in varlen):
-        if cu_seqlens_q is None and cu_seqlens_k is None:
+    from . import ops   # imports torch and registers every custom op, on first use
+    # The op checks the arguments (ValueError / TypeError naming them); here only what it cannot see.
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed:
+        rank, lens = 3, (max_seqlen_q, max_seqlen_k)
+    else:
+        if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
             raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
                              "None")
-        _checks.check_varlen(q, k, v, *varlen)
-        _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[2]), max_seqlen_q, max_seqlen_k))
-        from . import ops
-        tensors = ops.direct.prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                seqused_k, qk_format=fmt, k_smoothing=smooth)
-        return PreparedFP8(*tensors, batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q),
-                           seqlen_k=int(max_seqlen_k), heads=int(q.shape[1]), head_dim=int(q.shape[2]),
-                           input_rank=3, dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                           seqused_k=seqused_k, qk_format=fmt, k_smoothing=smooth)
-    q4, k4, v4, rank = _checks.check_tokens(q, k, v)
-    b, sq, h, d = (int(s) for s in q4.shape)
-    _checks.require_fast_path(fmt, _checks.general_path_reason(d, sq, int(k4.shape[1])))
-    from . import ops
-    tensors = ops.direct.prepare_fp8(q4, k4, v4, seqused_k, qk_format=fmt, k_smoothing=smooth)
-    return PreparedFP8(*tensors, batch=b, seqlen_q=sq, seqlen_k=int(k4.shape[1]), heads=h, head_dim=d,
-                       input_rank=rank, dtype=q.dtype, seqused_k=seqused_k, qk_format=fmt, k_smoothing=smooth)
+        q, k, v, rank = _checks.token_views(q, k, v)   # rank 3: one sequence, a batch of one for the op
+        lens = (0, 0)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, *lens, seqused_k, qk_format, k_smoothing)
+    tensors = ops.direct.run(ops.prepare_fp8_op, ops.fp8.prepare_cuda, (*args[:5], seqused_k), *args)
+    if packed:
+        sizes = dict(batch=int(cu_seqlens_q.shape[0]) - 1, seqlen_q=int(max_seqlen_q), seqlen_k=int(max_seqlen_k))
+    else:
+        sizes = dict(batch=int(q.shape[0]), seqlen_q=int(q.shape[1]), seqlen_k=int(k.shape[1]))
+    return PreparedFP8(*tensors, **sizes, heads=int(q.shape[-2]), head_dim=int(q.shape[-1]), input_rank=rank,
+                       dtype=q.dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                       qk_format=qk_format, k_smoothing=k_smoothing)
 
 
 def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
@@ -264,22 +236,25 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     accurate; docs/numerics.md "P format"), which needs an INT8 preparation: with prepared.qk_format "e4m3" it
     raises ValueError naming p_format; anything but the two strings raises ValueError naming p_format.
     """
-    _checks.out_dtype(out_dtype)
-    pfmt = _checks.p_format(p_format)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
     _checks.require_instance(prepared, PreparedFP8, "prepared", "a PreparedFP8 from open_vc_attn.prepare_fp8")
-    _checks.p_format(pfmt, _checks.qk_format(prepared.qk_format, "prepared.qk_format"), "prepared.qk_format")
+    # The preparation's own rules, named by its fields; the op checks its arguments (the tensors) itself.
+    fmt = _checks.qk_format(prepared.qk_format, "prepared.qk_format")
+    _checks.p_format(p_format, fmt, "prepared.qk_format")
     _checks.lse_with_smoothing(want_lse, _checks.k_smoothing(prepared.k_smoothing, "prepared.k_smoothing"),
                                "prepared.k_smoothing")
     meta = _checks.check_prepared_fp8(prepared, allow_varlen=True)
     reason = _checks.general_path_reason(meta["head_dim"], meta["seqlen_q"], meta["seqlen_k"])
-    _checks.require_fast_path(meta["qk_format"], reason, "prepared.qk_format")
-    varlen = ((prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"], meta["seqlen_k"])
-              if prepared.is_varlen else None)
-    return _run_attention(prepared.tensors(), meta["input_rank"], scale, mid, want_lse, causal, varlen,
-                          prepared.seqused_k, names=("prepared.batch", "prepared.heads"), out_dtype=out_dtype,
-                          qk_format=meta["qk_format"], p_format=pfmt)
+    _checks.require_fast_path(fmt, reason, "prepared.qk_format")
+    from . import ops
+    tensors, varlen = prepared.tensors(), prepared.is_varlen
+    cu_q, cu_k, used = prepared.cu_seqlens_q, prepared.cu_seqlens_k, prepared.seqused_k
+    max_q, max_k = (meta["seqlen_q"], meta["seqlen_k"]) if varlen else (0, 0)
+    out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, cu_q, cu_k, used), *tensors,
+                              cu_q, cu_k, max_q, max_k, scale, causal, mid, want_lse, used, out_dtype, fmt, p_format)
+    _warn_general_path(reason)   # path "auto": the op took the general path exactly when there is a reason
+    return _finish(out, lse, 4 if varlen else meta["input_rank"], want_lse)
 
 
 def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
@@ -330,18 +305,25 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     "exp2" needs qk_format="int8" (else ValueError naming p_format), anything but the two strings raises
     ValueError naming p_format. The BF16 reference (version="reference") checks and ignores all three.
     """
-    _checks.out_dtype(out_dtype)
-    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
-    pfmt = _checks.p_format(p_format, fmt)
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
+    reference = version == "reference"
+    if reference:   # no op runs: the options of the FP8 path are checked here (and ignored)
+        _checks.out_dtype(out_dtype)
+        fmt = _checks.qk_format(qk_format)
+        _checks.k_smoothing(k_smoothing)
+        _checks.p_format(p_format, fmt)
+    opts = (scale, causal, mid, want_lse, out_dtype, qk_format, k_smoothing, p_format)
     if cu_seqlens_q is None and cu_seqlens_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
             raise ValueError(f"{name}: only used with cu_seqlens_q and cu_seqlens_k (packed sequences), which are "
                              "None")
-        q4, k4, v4, rank = _checks.check_tokens(q, k, v, caller="attention")
+        # The op checks the tensors, except where they are used before it (the key mask's gather, the host
+        # reads of check_inputs) or instead of it (the BF16 reference): there the same rules run here first.
+        early = reference or key_padding_mask is not None or check_inputs
+        q4, k4, v4, rank = _checks.check_tokens(q, k, v, caller="attention") if early else _checks.token_views(q, k, v)
         b, sk = int(q4.shape[0]), int(k4.shape[1])
         if key_padding_mask is not None:
             if seqused_k is not None:
@@ -351,47 +333,39 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                  "would change which keys a query sees); pass seqused_k for end padding")
         from . import _keys
         keep = _keys.key_mask(key_padding_mask, b, sk, q4.device) if key_padding_mask is not None else None
-        _checks.check_seqused_k(seqused_k, b, q4.device, "batch entries")
+        if early:
+            _checks.check_seqused_k(seqused_k, b, q4.device, "batch entries")
         if check_inputs:
             _keys.validate_on_host(seqused_k=seqused_k, slot_k=sk, key_padding_mask=key_padding_mask)
-        if version == "reference":
+        if reference:
             from . import _sdpa
             return _cast_out(_sdpa.attention_bf16(q4, k4, v4, scale, causal, want_lse, rank, counts=seqused_k,
                                                   keep=keep), out_dtype)
-        reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
-        _checks.require_fast_path(fmt, reason)
-        if reason is not None:
-            _warn_general_path(reason)
-            _checks.check_general_grid(b, int(q4.shape[2]), ("q", "q"), False)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         from . import ops
-        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, scale, causal, mid, want_lse, out_dtype,
-                                      fmt, smooth, pfmt)
+        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts)
+        _warn_general_path(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk))
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
                          "seqused_k to cut each sequence's keys)")
     max_q, max_k = _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k)
-    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
-    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
+    if reference or check_inputs:   # as above: the op's rules first, where the tensors are read without it
+        nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+        _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
     if check_inputs:
         from . import _keys
         _keys.validate_on_host(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, total_q=int(q.shape[0]),
                                total_k=int(k.shape[0]), max_seqlen_q=max_q, max_seqlen_k=max_k, seqused_k=seqused_k)
-    if version == "reference":
+    if reference:
         if seqused_k is not None:
             raise ValueError("seqused_k: the BF16 reference (version='reference') of packed sequences does not take "
                              "key counts")
         from . import _sdpa
         return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
                          out_dtype)
-    reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
-    _checks.require_fast_path(fmt, reason)
-    if reason is not None:
-        _warn_general_path(reason)
-        _checks.check_general_grid(nseq, int(q.shape[1]), ("cu_seqlens_q", "q"), True)
     from . import ops
-    out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, scale, causal, mid,
-                                  want_lse, out_dtype, fmt, smooth, pfmt)
+    out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, *opts)
+    _warn_general_path(_checks.general_path_reason(int(q.shape[-1]), max_q, max_k))
     return (out, lse) if want_lse else out

@@ -353,10 +353,11 @@ def test_no_host_synchronization(torch):
 @pytest.mark.gpu
 def test_opcheck(torch):
     q, k, v = cuda_qkv(torch, 1, 130, 2, seed=8)
-    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8.default, (q, k, v))
+    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8.default, (q, k, v, None, None, 0, 0, None))
     p = open_vc_attn.prepare_fp8(q, k, v)
-    for scalars in ((0.0, 4, True), (0.1, -1, False)):
-        torch.library.opcheck(torch.ops.open_vc_attn.attention_fp8.default, (*p.tensors(), *scalars))
+    for scale, mid, lse in ((0.0, 4, True), (0.1, -1, False)):   # the dense route: batched, non-causal
+        torch.library.opcheck(torch.ops.open_vc_attn.attention_fp8.default,
+                              (*p.tensors(), None, None, 0, 0, scale, False, mid, lse))
 
 
 @pytest.mark.gpu

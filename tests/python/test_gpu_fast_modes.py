@@ -1,7 +1,7 @@
 """The sm_90a fast path's causal, packed-sequence and key-padding modes through open_vc_attn, and the
 robustness rules of docs/numerics.md ("Non-finite and extreme inputs") on every path.
 
-- Fast vs general path on the SAME preparation (ops.attention_fp8_full vs ops.attention_general): the
+- Fast vs general path on the SAME preparation (ops.attention_fp8 with path "fast" vs "general"): the
   general path computes the reference arithmetic exactly, the fast path's QK^T accumulates on the FP8
   tensor cores, so outputs agree to the kernel tolerance of the C++ tests and LSEs to 0.03.
 - Key padding: a mask or key counts give bit for bit the output of the call on the kept keys alone
@@ -31,8 +31,8 @@ def fast_vs_general(torch, prepared, causal, lse_tol=0.03, rel_tol=1.2e-2, **seq
     """Both kernels on one preparation; returns (fast out, fast lse)."""
     args = (*prepared.tensors(), seq.get("cu_q"), seq.get("cu_k"), seq.get("max_q", 0), seq.get("max_k", 0), 0.0,
             causal, 4, True, seq.get("used"))
-    out_f, lse_f = ops.attention_fp8_full_op(*args)
-    out_g, lse_g = ops.attention_general_op(*args)
+    out_f, lse_f = ops.attention_fp8_op(*args, path="fast")
+    out_g, lse_g = ops.attention_fp8_op(*args, path="general")
     torch.cuda.synchronize()
     assert torch.isfinite(out_f).all() and torch.isfinite(out_g).all()
     assert rel_l2(out_f, out_g) <= rel_tol, rel_l2(out_f, out_g)
@@ -190,7 +190,7 @@ def test_head_dim_64_takes_the_fast_path(torch):
             warnings.simplefilter("error")
             out = open_vc_attn.attention(q, k, v, causal=causal)
         p = open_vc_attn.prepare_fp8(q, k, v)
-        general, _ = ops.attention_general_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, False)
+        general, _ = ops.attention_fp8_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, False, path="general")
         assert torch.isfinite(out).all() and rel_l2(out, general) < 1e-2, causal
     cu = torch.tensor([0, 300, 1400], dtype=torch.int32, device="cuda")
     flat = [x.reshape(1400, 3, 64) for x in (q, k, v)]
@@ -206,7 +206,7 @@ def test_head_dim_64_takes_the_fast_path(torch):
 
 def _paths(torch):
     """(name, call(q, k, v)) for every path: dense, causal, packed, key counts and D = 64 on the fast path,
-    and the general path (open_vc_attn::attention_general) on the same preparation."""
+    and the general path (open_vc_attn::attention_fp8 with path="general") on the same preparation."""
     def packed(q, k, v, **kw):
         b, s = q.shape[:2]
         cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
@@ -218,7 +218,8 @@ def _paths(torch):
 
     def general(q, k, v, softmax_scale=None):
         p = open_vc_attn.prepare_fp8(q, k, v)
-        return ops.attention_general_op(*p.tensors(), None, None, 0, 0, softmax_scale or 0.0, False, 4, False)[0]
+        return ops.attention_fp8_op(*p.tensors(), None, None, 0, 0, softmax_scale or 0.0, False, 4, False,
+                                    path="general")[0]
     d64 = lambda x: x[..., :64].contiguous()
     return [("dense", lambda q, k, v, **kw: open_vc_attn.attention(q, k, v, **kw)),
             ("causal", lambda q, k, v, **kw: open_vc_attn.attention(q, k, v, causal=True, **kw)),

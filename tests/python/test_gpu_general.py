@@ -1,5 +1,5 @@
 """The general attention path through open_vc_attn.attention / attention_fp8 and the custom op
-open_vc_attn::attention_general: causal (Sq == Sk and Sq != Sk), cross-attention, packed sequences
+open_vc_attn::attention_fp8 with path="general": causal (Sq == Sk and Sq != Sk), cross-attention, packed sequences
 (cu_seqlens), head_dim 64, LSE, the BF16 SDPA baseline (version="reference"), errors, opcheck,
 torch.compile, CUDA graphs, streams, no host synchronization.
 
@@ -9,6 +9,8 @@ the CPU reference rounded to BF16 almost bit for bit. Tests marked `gpu` need an
 argument checks run on CPU/meta tensors with torch alone. On an H200:
 python3 -m pytest -q -rs tests/python/test_gpu_general.py
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -190,7 +192,7 @@ def test_general_op_fake_shapes_and_errors(torch):
     checks it shares with the CUDA implementation."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from open_vc_attn import ops
-    op = ops.attention_general_op
+    op = functools.partial(ops.attention_fp8_op, path="general")
     with FakeTensorMode():
         tensors, cu = fake_general_args(torch)
         out, lse = op(*tensors, cu, cu, 1000, 1000, 0.0, True, 4, True)
@@ -241,16 +243,16 @@ def test_general_path_grid_limits_name_the_argument(torch):
         many_b = torch.empty(65536, 1, 1, 64, **dev)
         prepared = open_vc_attn.prepare_fp8(many_b, many_b, many_b)
         with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 batches"):
-            ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, False, 4, False)
+            ops.attention_fp8_op(*prepared.tensors(), None, None, 0, 0, 0.0, False, 4, False, path="general")
         many_h = torch.empty(1, 1, 65536, 64, **dev)
         prepared = open_vc_attn.prepare_fp8(many_h, many_h, many_h)
         with pytest.raises(ValueError, match="^q_codes: the general path .* at most 65535 heads"):
-            ops.attention_general_op(*prepared.tensors(), None, None, 0, 0, 0.0, True, 4, False)
+            ops.attention_fp8_op(*prepared.tensors(), None, None, 0, 0, 0.0, True, 4, False, path="general")
         packed = torch.empty(65536, 1, 64, **dev)
         cu = torch.arange(65537, dtype=torch.int32, device="cuda")
         prepared = open_vc_attn.prepare_fp8(packed, packed, packed, cu, cu, 1, 1)
         with pytest.raises(ValueError, match="^cu_seqlens_q: the general path .* at most 65535 sequences"):
-            ops.attention_general_op(*prepared.tensors(), cu, cu, 1, 1, 0.0, False, 4, False)
+            ops.attention_fp8_op(*prepared.tensors(), cu, cu, 1, 1, 0.0, False, 4, False, path="general")
         # The fast path (both head dims, causal and packed too) has no such limit.
         for d in (64, 128):
             x = torch.empty(65536, 1, 1, d, **dev)
@@ -345,18 +347,18 @@ def test_packed_matches_reference(torch, lens_q, lens_k, h, d, causal, give_max)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_general_op_matches_reference(torch, d, causal):
-    """The general path (open_vc_attn::attention_general, what attention() takes only past the fast path's
-    range) on batched and packed preparations of both head dims, against the reference arithmetic."""
+    """The general path (open_vc_attn::attention_fp8 with path="general", what attention() takes only past the
+    fast path's range) on batched and packed preparations of both head dims, against the reference arithmetic."""
     from open_vc_attn import ops
     qn, kn, vn = batched_qkv(2, 300, 700, 2, d, seed=5 + d)
     p = open_vc_attn.prepare_fp8(*cuda(torch, qn, kn, vn))
-    out, lse = ops.attention_general_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, True)
+    out, lse = ops.attention_fp8_op(*p.tensors(), None, None, 0, 0, 0.0, causal, 4, True, path="general")
     want, want_lse = ref.attention(qn, kn, vn, causal=causal, return_lse=True)
     expect_matches_reference(out, lse, want, want_lse, False)
     qn, kn, vn, cu_q, cu_k = packed_qkv((1, 300, 1000), (700, 129, 1000), 2, d, seed=6 + d)
     cq, ck = (torch.from_numpy(c).cuda() for c in (cu_q, cu_k))
     p = open_vc_attn.prepare_fp8(*cuda(torch, qn, kn, vn), cq, ck, 1000, 1000)
-    out, lse = ops.attention_general_op(*p.tensors(), cq, ck, 1000, 1000, 0.0, causal, 4, True)
+    out, lse = ops.attention_fp8_op(*p.tensors(), cq, ck, 1000, 1000, 0.0, causal, 4, True, path="general")
     want, want_lse = ref.attention(qn, kn, vn, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=causal, return_lse=True)
     expect_matches_reference(out, lse, want, packed_lse(want_lse, cu_q, 2), False)
 
@@ -463,16 +465,16 @@ def test_errors_on_gpu(torch):
 def test_opcheck_general(torch):
     qn, kn, vn = batched_qkv(1, 130, 200, 2, 64, seed=8)
     p = open_vc_attn.prepare_fp8(*cuda(torch, qn, kn, vn))
-    op = torch.ops.open_vc_attn.attention_general.default
+    op, general = torch.ops.open_vc_attn.attention_fp8.default, dict(path="general")
     for scalars in ((0.0, True, 4, True), (0.1, False, -1, False)):
-        torch.library.opcheck(op, (*p.tensors(), None, None, 0, 0, *scalars))
+        torch.library.opcheck(op, (*p.tensors(), None, None, 0, 0, *scalars), general)
     qn, kn, vn, cu_q, cu_k = packed_qkv((1, 129, 60), (70, 1, 200), 2, 128, seed=4)
     q, k, v = cuda(torch, qn, kn, vn)
     cq, ck = (torch.from_numpy(c).cuda() for c in (cu_q, cu_k))
-    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8_varlen.default, (q, k, v, cq, ck, 129, 200))
+    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8.default, (q, k, v, cq, ck, 129, 200, None))
     pv = open_vc_attn.prepare_fp8(q, k, v, cq, ck, 129, 200)
     for scalars in ((0.0, True, 4, True), (0.2, False, -1, False)):
-        torch.library.opcheck(op, (*pv.tensors(), cq, ck, 129, 200, *scalars))
+        torch.library.opcheck(op, (*pv.tensors(), cq, ck, 129, 200, *scalars), general)
 
 
 @pytest.mark.gpu

@@ -301,7 +301,7 @@ def test_prepare_varlen_opcheck(torch):
     k, _ = random_tokens(torch, 140, 2, 128, torch.bfloat16, seed=31)
     cu_q = torch.tensor(offsets([1, 130, 129]), device="cuda")
     cu_k = torch.tensor(offsets([40, 100, 0]), device="cuda")
-    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8_varlen.default, (q, k, k, cu_q, cu_k, 130, 100))
+    torch.library.opcheck(torch.ops.open_vc_attn.prepare_fp8.default, (q, k, k, cu_q, cu_k, 130, 100, None))
 
 
 # ---- GPU: from_quantized round trip and rejections ---------------------------------------------------------

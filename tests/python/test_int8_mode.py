@@ -25,6 +25,7 @@ from helpers import cpu_qkv
 
 INT8 = dict(qk_format="int8")
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
+DENSE = (None, None, 0, 0)   # attention_fp8's offsets and max lengths with a batched preparation
 
 
 def fake_mode():
@@ -85,15 +86,11 @@ def test_lse_with_k_smoothing_is_taken_by_attention(torch):
             open_vc_attn.attention(q, q, q, return_lse=True, qk_format=fmt, k_smoothing=True)
 
 
-def test_int8_where_the_general_path_would_run_is_rejected_before_preparing(torch, monkeypatch):
+def test_int8_where_the_general_path_would_run_is_rejected_before_preparing(torch):
     """INT8 runs on the fast path only: a call past its range raises ValueError naming qk_format and the
-    reason, and nothing is prepared (E4M3 takes the general path there)."""
+    reason (E4M3 takes the general path there), from the ops' argument checks, which run before anything is
+    prepared and which their fakes run too (FakeTensorMode here)."""
     from open_vc_attn import ops
-
-    def never(*args, **kwargs):
-        raise AssertionError("prepared before the format check")
-    for mod, name in ((ops.direct, "prepare_fp8"), (ops.direct, "prepare_fp8_varlen"), (ops.call, "attention")):
-        monkeypatch.setattr(mod, name, never)
     msg = r"^qk_format: 'int8' runs on the sm_90a fast path only.*ceil\(Sq/128\) \* ceil\(Sk/128\) \* 128 >= 2\^32"
     with fake_mode():
         big = torch.empty(1, 1 << 20, 1, 128, dtype=torch.bfloat16, device="cuda")   # 2^33: past the range
@@ -113,19 +110,23 @@ def test_int8_where_the_general_path_would_run_is_rejected_before_preparing(torc
         prepared = PreparedFP8.from_quantized(*int8_tensors(torch, 1, 1 << 20, 1 << 20, 1, 128), **INT8)
         with pytest.raises(ValueError, match="^prepared.qk_format: 'int8' runs on the sm_90a fast path only"):
             open_vc_attn.attention_fp8(prepared)
+        args = (*prepared.tensors(), *DENSE, 0.0, False, 4, False, None, None, "int8")
         with pytest.raises(ValueError, match="^qk_format: 'int8' runs on the sm_90a fast path only"):
-            ops.attention_fp8_op(*prepared.tensors(), 0.0, 4, False, None, "int8")
+            ops.attention_fp8_op(*args)
+        with pytest.raises(ValueError, match=r"^path: 'fast' requires the sm_90a fast path, which cannot take this "
+                                             r"call: ceil\(Sq/128\)"):
+            ops.attention_fp8_op(*args, path="fast")
 
 
 def test_general_path_op_rejects_int8(torch):
     from open_vc_attn import ops
     with fake_mode():
         t = int8_tensors(torch)
-        with pytest.raises(ValueError, match=r"^qk_format: the general path \(open_vc_attn::attention_general\) "
-                                             r"takes qk_format='e4m3' only, got 'int8'"):
-            ops.attention_general_op(*t, None, None, 0, 0, 0.0, False, 4, False, None, None, "int8")
+        with pytest.raises(ValueError, match=r"^qk_format: the general path \(open_vc_attn::attention_fp8 with "
+                                             r"path='general'\) takes qk_format='e4m3' only, got 'int8'"):
+            ops.attention_fp8_op(*t, *DENSE, 0.0, False, 4, False, None, None, "int8", path="general")
         with pytest.raises(ValueError, match="^qk_format: expected one of"):
-            ops.attention_fp8_full_op(*t, None, None, 0, 0, 0.0, False, 4, False, None, None, "int4")
+            ops.attention_fp8_op(*t, *DENSE, 0.0, False, 4, False, None, None, "int4", path="fast")
 
 
 def meta_int8_prepared(torch, **kw):
@@ -223,37 +224,38 @@ def test_fake_shapes_of_every_op(torch, d):
         q = torch.empty(2, 300, 3, d, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 700, 3, d, dtype=torch.bfloat16, device="cuda")
         for smooth in (False, True):
-            t = ops.prepare_fp8_op(q, k, k, None, "int8", smooth)
+            t = ops.prepare_fp8_op(q, k, k, *DENSE, None, "int8", smooth)
             assert shapes(t) == [((2, 300, 3, d), i8), ((2, 3, 300), f32), ((2, 700, 3, d), i8), ((2, 3, 6, 8), f32),
                                  ((2, 3, d, 768), u8), ((2, 3), f32)]
-        e4m3 = ops.prepare_fp8_op(q, k, k, None, "e4m3", True)   # K smoothing with E4M3: the E4M3 layouts
+        e4m3 = ops.prepare_fp8_op(q, k, k, *DENSE, None, "e4m3", True)   # K smoothing with E4M3: the E4M3 layouts
         assert shapes(e4m3)[:4] == [((2, 300, 3, d), u8), ((2, 3, 3), f32), ((2, 700, 3, d), u8), ((2, 3, 6), f32)]
-        out, lse = ops.attention_fp8_op(*t, 0.0, 4, True, None, "int8")
+        out, lse = ops.attention_fp8_op(*t, *DENSE, 0.0, False, 4, True, None, None, "int8")
         assert out.shape == (2, 300, 3, d) and out.dtype == torch.bfloat16 and lse.shape == (2, 3, 300)
-        out, lse = ops.attention_fp8_op(*t, 0.1, -1, False, torch.float16, "int8")
+        out, lse = ops.attention_fp8_op(*t, *DENSE, 0.1, False, -1, False, None, torch.float16, "int8")
         assert out.dtype == torch.float16 and lse.shape == (0,)
         counts = torch.empty(2, dtype=torch.int32, device="cuda")
-        out, lse = ops.attention_fp8_full_op(*t, None, None, 0, 0, 0.0, True, 4, True, counts, None, "int8")
+        out, lse = ops.attention_fp8_op(*t, *DENSE, 0.0, True, 4, True, counts, None, "int8", path="fast")
         assert out.shape == (2, 300, 3, d) and lse.shape == (2, 3, 300)
         # E4M3 tensors given as INT8 (and the reverse) are named by the layout check
         with pytest.raises(TypeError, match=r"^q_codes: expected dtype torch\.int8"):
-            ops.attention_fp8_op(*e4m3, 0.0, 4, False, None, "int8")
+            ops.attention_fp8_op(*e4m3, *DENSE, 0.0, False, 4, False, None, None, "int8")
         with pytest.raises(TypeError, match=r"^q_codes: expected dtype torch\.uint8"):
-            ops.attention_fp8_op(*t, 0.0, 4, False)
+            ops.attention_fp8_op(*t, *DENSE, 0.0, False, 4, False)
         # packed sequences
         qp = torch.empty(1301, 3, d, dtype=torch.bfloat16, device="cuda")
         kp = torch.empty(900, 3, d, dtype=torch.bfloat16, device="cuda")
         cu = torch.empty(4, dtype=torch.int32, device="cuda")
-        tp = ops.prepare_fp8_varlen_op(qp, kp, kp, cu, cu, 1000, 700, None, "int8", True)
+        tp = ops.prepare_fp8_op(qp, kp, kp, cu, cu, 1000, 700, None, "int8", True)
         assert shapes(tp) == [((1301, 3, d), i8), ((3, 3, 1000), f32), ((900, 3, d), i8), ((3, 3, 6, 8), f32),
                               ((3, 3, d, 768), u8), ((3, 3), f32)]
         used = torch.empty(3, dtype=torch.int32, device="cuda")
-        out, lse = ops.attention_fp8_full_op(*tp, cu, cu, 1000, 700, 0.0, True, 4, True, used, torch.float16, "int8")
+        out, lse = ops.attention_fp8_op(*tp, cu, cu, 1000, 700, 0.0, True, 4, True, used, torch.float16, "int8",
+                                        path="fast")
         assert out.shape == (1301, 3, d) and out.dtype == torch.float16 and lse.shape == (3, 1301)
         with pytest.raises(ValueError, match=r"^q_descale: expected shape \(3, 3, 1100\)"):
-            ops.attention_fp8_full_op(*tp, cu, cu, 1100, 700, 0.0, False, 4, False, None, None, "int8")
+            ops.attention_fp8_op(*tp, cu, cu, 1100, 700, 0.0, False, 4, False, None, None, "int8", path="fast")
         with pytest.raises(ValueError, match="^qk_format: expected one of"):
-            ops.prepare_fp8_varlen_op(qp, kp, kp, cu, cu, 1000, 700, None, "int4", False)
+            ops.prepare_fp8_op(qp, kp, kp, cu, cu, 1000, 700, None, "int4", False)
 
 
 @pytest.mark.parametrize("d", [128, 64])
@@ -341,7 +343,7 @@ def test_parameter_structs_carry_the_format(torch, monkeypatch):
         assert p.workspace_bytes >= ext.prepare_workspace_bytes(2, 3, 700, smooth)
     cu = torch.zeros(4, dtype=torch.int32)
     flat = torch.zeros(1000, 3, 64, dtype=torch.bfloat16)
-    outs = fp8._prepare_varlen_outputs(flat, flat, 3, 600, 900, dev.empty(q.device), "int8")
+    outs = fp8._prepare_outputs(flat, flat, dev.empty(q.device), "int8", (3, 600, 900))
     fp8.launch_prepare(flat, flat, flat, outs, dict(num_seqs=3, max_seqlen_q=600, max_seqlen_k=900,
                                                     cu_seqlens_q=cu.data_ptr(), cu_seqlens_k=cu.data_ptr(),
                                                     total_q=1000, total_k=1000), qk_format="int8", k_smoothing=True)
@@ -522,17 +524,17 @@ def test_gpu_opcheck_int8(torch):
     the real ones, and the schemas' format arguments are what the implementations read."""
     ops = torch.ops.open_vc_attn
     q, k, v = randn_qkv(torch, 1, 130, 300, 2, seed=11)
-    torch.library.opcheck(ops.prepare_fp8.default, (q, k, v, None, "int8", True))
+    torch.library.opcheck(ops.prepare_fp8.default, (q, k, v, *DENSE, None, "int8", True))
     p = open_vc_attn.prepare_fp8(q, k, v, **SMOOTH)
-    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), 0.0, 4, True, None, "int8"))
-    torch.library.opcheck(ops.attention_fp8_full.default, (*p.tensors(), None, None, 0, 0, 0.1, True, -1, True, None,
-                                                           None, "int8"))
+    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), *DENSE, 0.0, False, 4, True, None, None, "int8"))
+    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), *DENSE, 0.1, True, -1, True, None, None, "int8",
+                                                      "expcast", "fast"))
     flat = [x[0] for x in randn_qkv(torch, 1, 500, 500, 2, seed=12)]
     cu = torch.tensor([0, 129, 500], dtype=torch.int32, device="cuda")
-    torch.library.opcheck(ops.prepare_fp8_varlen.default, (*flat, cu, cu, 371, 371, None, "int8", False))
+    torch.library.opcheck(ops.prepare_fp8.default, (*flat, cu, cu, 371, 371, None, "int8", False))
     pv = open_vc_attn.prepare_fp8(*flat, cu, cu, 371, 371, **INT8)
-    torch.library.opcheck(ops.attention_fp8_full.default, (*pv.tensors(), cu, cu, 371, 371, 0.0, True, 4, True, None,
-                                                           None, "int8"))
+    torch.library.opcheck(ops.attention_fp8.default, (*pv.tensors(), cu, cu, 371, 371, 0.0, True, 4, True, None,
+                                                      None, "int8", "expcast", "fast"))
 
 
 @pytest.mark.gpu

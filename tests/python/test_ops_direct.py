@@ -2,7 +2,8 @@
 and anything that must see the op (torch.compile, dispatch modes, tensor subclasses) still gets it.
 
 CPU only (torch, no GPU): a TorchDispatchMode records the op calls instead of running them, and the
-CUDA implementations are replaced by recorders, so that both routes are checked with their arguments.
+CUDA implementations are replaced by recorders, so that both ways of direct.run are checked with their
+arguments, and what api hands them.
 """
 import pytest
 
@@ -36,6 +37,7 @@ def tensors(n=6):
 def test_eager_holds_for_plain_tensors_only():
     t = torch.zeros(2)
     assert direct.eager(t, None, t)
+    assert direct.eager(t, [0, 1])                                   # not a tensor: the implementation names it
     assert not direct.eager(t, torch.nn.Parameter(torch.zeros(2)))   # a subclass: the op handles it
     with RecordOps():
         assert not direct.eager(t)                                   # a dispatch mode is active
@@ -49,81 +51,76 @@ def test_eager_is_false_under_torch_compile():
     assert torch.equal(f(x), x + 1) and torch.equal(compiled(x), x - 1)
 
 
-def test_modes_get_the_ops_with_their_schema_arguments():
+def _same(got, want):
+    """Tensors by identity, the rest by value."""
+    return len(got) == len(want) and all(g is w if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, want))
+
+
+def test_run_calls_the_op_under_a_mode_with_its_schema_arguments():
+    """direct.run: the registered op when something must see it (here a dispatch mode), with the arguments as
+    given (the schema's order; torch may leave trailing defaults out)."""
+    from open_vc_attn import ops
     q, k, v = tensors(3)
     cu = torch.zeros(2, dtype=torch.int32)
     six = tensors()
+    prepare = (q, k, v, cu, cu, 5, 7, None, "int8", True)
+    attend = (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, torch.float16, "int8", "exp2", "general")
+    impl = lambda *a: pytest.fail("the implementation ran under a dispatch mode")
     with RecordOps() as mode:
-        direct.prepare_fp8(q, k, v, None)
-        direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None)
-        direct.attention_fp8(six, 0.5, 4, True, None)
-        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, torch.float16)
-        direct.attention_sequence(False, six, None, None, 0, 0, 0.0, False, -1, True, None, None)
-        direct.prepare_fp8(q, k, v, None, qk_format="int8", k_smoothing=True)
-        direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None, qk_format="int8", k_smoothing=True)
-        direct.attention_fp8(six, 0.5, 4, True, None, qk_format="int8")
-        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, qk_format="int8")
-        direct.attention_fp8(six, 0.5, 4, True, None, qk_format="int8", p_format="exp2")
-        direct.attention_sequence(True, six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, qk_format="int8",
-                                  p_format="exp2")
-    names = [name for name, _ in mode.calls][:5]
-    assert names == ["open_vc_attn::prepare_fp8", "open_vc_attn::prepare_fp8_varlen", "open_vc_attn::attention_fp8",
-                     "open_vc_attn::attention_fp8_full", "open_vc_attn::attention_general"]
-    def same(got, want):   # tensors by identity, the rest by value
-        return len(got) == len(want) and all(g is w if isinstance(w, torch.Tensor) else g == w
-                                             for g, w in zip(got, want))
+        direct.run(ops.prepare_fp8_op, impl, (q, k, v, cu, cu, None), *prepare)
+        direct.run(ops.attention_fp8_op, impl, (*six, cu, cu, None), *attend)
+        direct.run(ops.attention_fp8_op, impl, six, *six, None, None, 0, 0, 0.0, False, -1, True)
+    assert [name for name, _ in mode.calls] == ["open_vc_attn::prepare_fp8"] + ["open_vc_attn::attention_fp8"] * 2
     args = [a for _, a in mode.calls]
-    assert same(args[0], (q, k, v, None)) or same(args[0], (q, k, v))
-    assert same(args[1][:7], (q, k, v, cu, cu, 5, 7))
-    assert same(args[2][:6], six) and same(args[2][6:9], (0.5, 4, True))
-    assert same(args[3], (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, torch.float16))
-    assert same(args[4][:14], (*six, None, None, 0, 0, 0.0, False, -1, True))
-    # the format arguments travel as the schemas' trailing arguments
-    assert same(args[5], (q, k, v, None, "int8", True))
-    assert same(args[6], (q, k, v, cu, cu, 5, 7, None, "int8", True))
-    assert same(args[7], (*six, 0.5, 4, True, None, "int8"))
-    assert same(args[8], (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, "int8"))
-    assert same(args[9], (*six, 0.5, 4, True, None, "int8", "exp2"))      # (the default "expcast" is left out)
-    assert same(args[10], (*six, cu, cu, 5, 7, 0.5, True, 4, False, None, None, "int8", "exp2"))
+    assert _same(args[0], prepare) and _same(args[1], attend)
+    assert _same(args[2][:14], (*six, None, None, 0, 0, 0.0, False, -1, True))
 
 
-def test_eager_calls_run_the_implementations(monkeypatch):
+def test_run_calls_the_implementation_when_eager():
+    from open_vc_attn import ops
     calls = []
-
-    def recorder(name):
-        def impl(*args, **kwargs):
-            calls.append((name, args, kwargs))
-            return name
-        return impl
-    for name in ("prepare_cuda", "prepare_varlen_cuda", "attention_cuda", "sequence_cuda"):
-        monkeypatch.setattr(fp8, name, recorder(name))
+    impl = lambda *a: calls.append(a) or "impl"
     q, k, v = tensors(3)
-    six = tensors()
-    assert direct.prepare_fp8(q, k, v, None) == "prepare_cuda"
-    assert direct.attention_fp8(six, 0.5, 4, False) == "attention_cuda"
-    assert direct.attention_sequence(False, six, None, None, 0, 0, 0.0, True, 4, False) == "sequence_cuda"
-    e4m3 = {"qk_format": "e4m3", "k_smoothing": False}
-    assert calls[0] == ("prepare_cuda", (q, k, v, None), e4m3)
-    default = {"qk_format": "e4m3", "p_format": "expcast"}
-    assert calls[1] == ("attention_cuda", (six, 0.5, 4, False, None), default)
-    assert calls[2][1][:2] == (False, six) and calls[2][2] == default
-    # the Q/K format reaches the implementations
-    cu = torch.zeros(2, dtype=torch.int32)
-    direct.prepare_fp8(q, k, v, None, qk_format="int8", k_smoothing=True)
-    direct.prepare_fp8_varlen(q, k, v, cu, cu, 5, 7, None, qk_format="int8", k_smoothing=True)
-    direct.attention_fp8(six, 0.5, 4, False, qk_format="int8")
-    direct.attention_sequence(True, six, cu, cu, 5, 7, 0.0, True, 4, False, qk_format="int8")
-    int8 = {"qk_format": "int8", "k_smoothing": True}
-    assert calls[3][2] == int8 and calls[4][2] == int8
-    assert calls[5][2]["qk_format"] == "int8" and calls[6][2]["qk_format"] == "int8"
-    # and the P format
-    direct.attention_fp8(six, 0.5, 4, False, qk_format="int8", p_format="exp2")
-    direct.attention_sequence(True, six, cu, cu, 5, 7, 0.0, True, 4, False, qk_format="int8", p_format="exp2")
-    assert calls[7][2]["p_format"] == "exp2" and calls[8][2]["p_format"] == "exp2"
+    args = (q, k, v, None, None, 0, 0, None, "e4m3", False)
+    assert direct.run(ops.prepare_fp8_op, impl, (q, k, v, None), *args) == "impl" and _same(calls[0], args)
     # under the profiler a direct call keeps the op's name
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        direct.attention_fp8(six, 0.5, 4, False)
+        direct.run(ops.attention_fp8_op, impl, tensors(), *tensors(), None, None, 0, 0, 0.5, False, 4, False)
     assert "open_vc_attn::attention_fp8" in {e.key for e in prof.key_averages()}
+
+
+def test_api_runs_the_step_wise_implementations(monkeypatch):
+    """open_vc_attn.prepare_fp8 / attention_fp8 eagerly: the ops' CUDA implementations (fp8.prepare_cuda,
+    fp8.attention_cuda) with the schemas' arguments, route left to the op (path "auto")."""
+    import open_vc_attn
+    calls = []
+
+    def recorder(name, result):
+        def impl(*args):
+            calls.append((name, args))
+            return result
+        return impl
+    monkeypatch.setattr(fp8, "prepare_cuda", recorder("prepare_cuda", tensors()))
+    monkeypatch.setattr(fp8, "attention_cuda", recorder("attention_cuda", (torch.zeros(1, 8, 2, 128), None)))
+    q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
+    p = open_vc_attn.prepare_fp8(q[0], q[0], q[0], qk_format="int8", k_smoothing=True)
+    name, args = calls[0]
+    assert name == "prepare_cuda" and args[3:] == (None, None, 0, 0, None, "int8", True)
+    assert all(a.shape == (1, 8, 2, 128) for a in args[:3])   # rank 3 reaches the op as a batch of one
+    assert (p.input_rank, p.batch, p.seqlen_q, p.qk_format, p.k_smoothing) == (3, 1, 8, "int8", True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    open_vc_attn.prepare_fp8(q[0], q[0], q[0], cu, cu, 8, 8)
+    assert calls[1][1][3:] == (cu, cu, 8, 8, None, "e4m3", False)
+    # attention_fp8 (its own checks of the preparation bypassed: the tensors here are placeholders)
+    from open_vc_attn import _checks
+    monkeypatch.setattr(_checks, "check_prepared_fp8", lambda prepared, **kw: dict(
+        batch=1, seqlen_q=8, seqlen_k=8, heads=2, head_dim=128, input_rank=4))
+    prepared = open_vc_attn.PreparedFP8(*tensors(), batch=1, seqlen_q=8, seqlen_k=8, heads=2, head_dim=128,
+                                        input_rank=4, dtype=torch.bfloat16, qk_format="int8")
+    out = open_vc_attn.attention_fp8(prepared, causal=True, mid_window_blocks=None, p_format="exp2")
+    name, args = calls[2]
+    assert name == "attention_cuda" and out.shape == (1, 8, 2, 128)
+    assert _same(args, (*prepared.tensors(), None, None, 0, 0, 0.0, True, -1, False, None, None, "int8", "exp2"))
 
 
 def test_attention_runs_the_one_op_or_its_implementation(monkeypatch):

@@ -21,7 +21,7 @@ import pytest
 import open_vc_attn
 from open_vc_attn import PreparedFP8
 from helpers import cpu_qkv
-from test_int8_mode import _every_call_class, exact, fake_mode, int8_tensors, randn_qkv, rel_l2
+from test_int8_mode import DENSE, _every_call_class, exact, fake_mode, int8_tensors, randn_qkv, rel_l2
 
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
 EXP2 = dict(qk_format="int8", k_smoothing=True, p_format="exp2")
@@ -86,21 +86,21 @@ def test_ops_p_format_rules(torch):
     with fake_mode():
         t8 = int8_tensors(torch)
         te = e4m3_tensors(torch, device="cuda")
-        with pytest.raises(ValueError, match=r"^p_format: the general path \(open_vc_attn::attention_general\) takes "
-                                             r"p_format='expcast' only, got 'exp2'"):
-            ops.attention_general_op(*te, None, None, 0, 0, 0.0, False, 4, False, None, None, "e4m3", "exp2")
+        with pytest.raises(ValueError, match=r"^p_format: the general path \(open_vc_attn::attention_fp8 with "
+                                             r"path='general'\) takes p_format='expcast' only, got 'exp2'"):
+            ops.attention_fp8_op(*te, *DENSE, 0.0, False, 4, False, None, None, "e4m3", "exp2", path="general")
         with pytest.raises(ValueError, match="^qk_format: the general path"):   # INT8 is refused first
-            ops.attention_general_op(*t8, None, None, 0, 0, 0.0, False, 4, False, None, None, "int8", "exp2")
+            ops.attention_fp8_op(*t8, *DENSE, 0.0, False, 4, False, None, None, "int8", "exp2", path="general")
         with pytest.raises(ValueError, match="^p_format: expected one of"):
-            ops.attention_general_op(*te, None, None, 0, 0, 0.0, False, 4, False, None, None, "e4m3", "exp3")
+            ops.attention_fp8_op(*te, *DENSE, 0.0, False, 4, False, None, None, "e4m3", "exp3", path="general")
         with pytest.raises(ValueError, match=RULE):
-            ops.attention_fp8_op(*te, 0.0, 4, False, None, "e4m3", "exp2")
+            ops.attention_fp8_op(*te, *DENSE, 0.0, False, 4, False, None, None, "e4m3", "exp2")
         with pytest.raises(ValueError, match=RULE):
-            ops.attention_fp8_full_op(*te, None, None, 0, 0, 0.0, True, 4, False, None, None, "e4m3", "exp2")
+            ops.attention_fp8_op(*te, *DENSE, 0.0, True, 4, False, None, None, "e4m3", "exp2", path="fast")
         with pytest.raises(ValueError, match="^p_format: expected one of"):
-            ops.attention_fp8_op(*t8, 0.0, 4, False, None, "int8", "EXP2")
+            ops.attention_fp8_op(*t8, *DENSE, 0.0, False, 4, False, None, None, "int8", "EXP2")
         with pytest.raises(ValueError, match="^p_format: expected one of"):
-            ops.attention_fp8_full_op(*t8, None, None, 0, 0, 0.0, True, 4, False, None, None, "int8", "Exp2")
+            ops.attention_fp8_op(*t8, *DENSE, 0.0, True, 4, False, None, None, "int8", "Exp2", path="fast")
 
 
 def test_repair_and_vc_reject_exp2(torch):
@@ -138,21 +138,21 @@ def test_fakes_with_exp2(torch, d):
     with fake_mode():
         q = torch.empty(2, 300, 3, d, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 700, 3, d, dtype=torch.bfloat16, device="cuda")
-        t = ops.prepare_fp8_op(q, k, k, None, "int8", True)
+        t = ops.prepare_fp8_op(q, k, k, *DENSE, None, "int8", True)
         for pf in ("expcast", "exp2"):
-            out, lse = ops.attention_fp8_op(*t, 0.0, 4, True, None, "int8", pf)
+            out, lse = ops.attention_fp8_op(*t, *DENSE, 0.0, False, 4, True, None, None, "int8", pf)
             assert out.shape == (2, 300, 3, d) and out.dtype == torch.bfloat16 and lse.shape == (2, 3, 300)
-            out, lse = ops.attention_fp8_op(*t, 0.1, -1, False, torch.float16, "int8", pf)
+            out, lse = ops.attention_fp8_op(*t, *DENSE, 0.1, False, -1, False, None, torch.float16, "int8", pf)
             assert out.dtype == torch.float16 and lse.shape == (0,)
             counts = torch.empty(2, dtype=torch.int32, device="cuda")
-            out, lse = ops.attention_fp8_full_op(*t, None, None, 0, 0, 0.0, True, 4, True, counts, None, "int8", pf)
+            out, lse = ops.attention_fp8_op(*t, *DENSE, 0.0, True, 4, True, counts, None, "int8", pf, path="fast")
             assert out.shape == (2, 300, 3, d) and lse.shape == (2, 3, 300)
             qp = torch.empty(1301, 3, d, dtype=torch.bfloat16, device="cuda")
             kp = torch.empty(900, 3, d, dtype=torch.bfloat16, device="cuda")
             cu = torch.empty(4, dtype=torch.int32, device="cuda")
-            tp = ops.prepare_fp8_varlen_op(qp, kp, kp, cu, cu, 1000, 700, None, "int8", True)
-            out, lse = ops.attention_fp8_full_op(*tp, cu, cu, 1000, 700, 0.0, True, 4, True, None, torch.float16,
-                                                 "int8", pf)
+            tp = ops.prepare_fp8_op(qp, kp, kp, cu, cu, 1000, 700, None, "int8", True)
+            out, lse = ops.attention_fp8_op(*tp, cu, cu, 1000, 700, 0.0, True, 4, True, None, torch.float16, "int8", pf,
+                                            path="fast")
             assert out.shape == (1301, 3, d) and out.dtype == torch.float16 and lse.shape == (3, 1301)
 
 
@@ -377,9 +377,10 @@ def test_gpu_opcheck_exp2(torch):
     ops = torch.ops.open_vc_attn
     q, k, v = randn_qkv(torch, 1, 130, 300, 2, seed=15)
     p = open_vc_attn.prepare_fp8(q, k, v, **SMOOTH)
-    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), 0.0, 4, True, None, "int8", "exp2"))
-    torch.library.opcheck(ops.attention_fp8_full.default, (*p.tensors(), None, None, 0, 0, 0.1, True, -1, True, None,
-                                                           None, "int8", "exp2"))
+    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), *DENSE, 0.0, False, 4, True, None, None, "int8",
+                                                      "exp2"))
+    torch.library.opcheck(ops.attention_fp8.default, (*p.tensors(), *DENSE, 0.1, True, -1, True, None, None, "int8",
+                                                      "exp2", "fast"))
 
 
 @pytest.mark.gpu

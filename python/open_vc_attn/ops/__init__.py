@@ -6,9 +6,9 @@ of them whichever openvc call comes first:
 
 - :mod:`.call`: ``open_vc_attn::attention``, the op of :func:`open_vc_attn.attention`: BF16/FP16 q, k, v
   in, one C++ call (openvc::attention: preparation into one workspace, then the fast or the general path).
-- :mod:`.fp8`: ``open_vc_attn::prepare_fp8``, ``prepare_fp8_varlen``, ``attention_fp8`` (the sm_90a fast
-  path, dense), ``attention_fp8_full`` (the fast path's causal, packed and key-count modes) and
-  ``attention_general`` (the CUDA-core general path: what the fast path cannot take, and tests).
+- :mod:`.fp8`: ``open_vc_attn::prepare_fp8`` (batched or packed sequences) and ``attention_fp8`` (the
+  ops of :func:`open_vc_attn.prepare_fp8` and :func:`open_vc_attn.attention_fp8`; attention_fp8 takes the
+  sm_90a fast path where it can and the CUDA-core general path elsewhere, or the one its ``path`` names).
 - :mod:`.repair`: ``open_vc_attn::prepare_v_repair``, ``build_v_repair``, ``attention_fp8_repair``.
 - :mod:`.vc`: ``open_vc_attn::vc_grouping``, ``prepare_vc``, ``attention_vc_fp8`` (the VC baseline).
 
@@ -17,23 +17,19 @@ and never synchronize; their fake implementations run the same argument checks
 (:mod:`open_vc_attn._checks`) and give the same shapes, dtypes and strides, which is what torch.compile
 and torch.library.opcheck need. The names below are the registered overloads, which torch.compile puts
 in its graph as they are. Most users want :mod:`open_vc_attn.api` instead, whose eager calls run the
-same CUDA implementations without the dispatcher hop (:mod:`.direct`, and :func:`.call.attention`).
+same CUDA implementations without the dispatcher hop (:func:`.direct.run`).
 """
 import torch
 
-from . import call, direct, fp8, repair, vc  # noqa: F401  (registers the ops; direct, call: api's eager calls)
+from . import call, direct, fp8, repair, vc  # noqa: F401  (registers the ops; direct.run: api's eager calls)
 
-__all__ = ["attention_op", "prepare_fp8_op", "prepare_fp8_varlen_op", "attention_fp8_op", "attention_fp8_full_op", "attention_general_op",
-           "prepare_v_repair_op", "build_v_repair_op", "attention_fp8_repair_op", "vc_grouping_op",
-           "prepare_vc_op", "attention_vc_fp8_op"]
+__all__ = ["attention_op", "prepare_fp8_op", "attention_fp8_op", "prepare_v_repair_op", "build_v_repair_op",
+           "attention_fp8_repair_op", "vc_grouping_op", "prepare_vc_op", "attention_vc_fp8_op"]
 
 _ops = torch.ops.open_vc_attn
 attention_op = _ops.attention.default
 prepare_fp8_op = _ops.prepare_fp8.default
-prepare_fp8_varlen_op = _ops.prepare_fp8_varlen.default
 attention_fp8_op = _ops.attention_fp8.default
-attention_general_op = _ops.attention_general.default
-attention_fp8_full_op = _ops.attention_fp8_full.default
 prepare_v_repair_op = _ops.prepare_v_repair.default
 build_v_repair_op = _ops.build_v_repair.default
 attention_fp8_repair_op = _ops.attention_fp8_repair.default

@@ -13,13 +13,14 @@ with k_smoothing the LSE is that of the keys as given (numerics section 9).
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
 calls :func:`attention` below, which runs this op's implementation directly when nothing but the kernels
-needs to see the call (:func:`.direct.eager`), else the op.
+needs to see the call (:func:`.direct.run`), else the op; the op checks the arguments (api.attention only
+shapes them: rank-3 views, defaults).
 """
 import torch
 
 from .. import _checks, _ext
 from . import device as dev
-from .direct import eager, named
+from .direct import run
 from .fp8 import sequence_outputs
 
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
@@ -29,19 +30,23 @@ _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seql
 
 
 def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format):
-    """The op's argument rules (the same as :func:`open_vc_attn.attention`'s): (packed, groups)."""
+    """The op's argument rules (api.attention leaves them to the op; C++ checks its struct on its own):
+    whether the call is packed."""
     fmt, _ = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     _checks.p_format(p_format, fmt)
-    if cu_q is None and cu_k is None:
-        _checks.check_rank4_tokens("attention", q, k, v)
-        groups = int(q.shape[0])
-        reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
-    else:
+    packed = cu_q is not None or cu_k is not None
+    if packed:
         groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
         reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
+    else:
+        _checks.check_rank4_tokens("attention", q, k, v, caller="attention")
+        groups = int(q.shape[0])
+        reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
     _checks.require_fast_path(fmt, reason)
-    _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if cu_q is not None else "batch entries")
-    return cu_q is not None, groups
+    if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
+        _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
+    _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
+    return packed
 
 
 def _sizes(q, packed):
@@ -78,14 +83,16 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
     return c
 
 
-def attention_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks,
-                   return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-    """The CUDA implementation of the op: (out, lse)."""
-    packed, _ = _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format)
+def attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+                   mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
+                   p_format="expcast"):
+    """The CUDA implementation of the op (registered as it is): (out, lse)."""
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     out, lse = sequence_outputs(packed, _sizes(q, packed), return_lse, dev.empty(q.device), dev.full(q.device),
                                 out_dtype)
-    c = _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out,
+    c = _call_struct(q, k, v, *varlen, seqused_k, softmax_scale, causal, mid_window_blocks, out,
                      lse if return_lse else None, qk_format, k_smoothing, p_format)
     ext = _ext.load()
     ws = dev.workspace(ext.attention_workspace_bytes(c), q.device)   # torch's blocks are 512-byte aligned
@@ -93,28 +100,22 @@ def attention_cuda(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, 
     return out, lse
 
 
-@torch.library.custom_op("open_vc_attn::attention", mutates_args=(), device_types="cuda", schema=_SCHEMA)
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-               mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-    return attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
-                          causal, mid_window_blocks, return_lse, out_dtype, qk_format, k_smoothing, p_format)
+_attention = torch.library.custom_op("open_vc_attn::attention", mutates_args=(), device_types="cuda",
+                                     schema=_SCHEMA)(attention_cuda)
+_OP = torch.ops.open_vc_attn.attention.default
 
 
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                     causal, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
                     p_format="expcast"):
-    packed, _ = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
-                       k_smoothing, p_format)
+    packed = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
+                    k_smoothing, p_format)
     return sequence_outputs(packed, _sizes(q, packed), return_lse, dev.like(q), dev.like_full(q), out_dtype)
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
               out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
     """``open_vc_attn::attention``: the op's implementation directly when eager (one hop less), else the op."""
-    args = (q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
-            out_dtype, qk_format, k_smoothing, p_format)
-    if not eager(q, k, v, cu_q, cu_k, seqused_k):
-        return torch.ops.open_vc_attn.attention.default(*args)
-    with named("open_vc_attn::attention"):
-        return attention_cuda(*args)
+    return run(_OP, attention_cuda, (q, k, v, cu_q, cu_k, seqused_k), q, k, v, cu_q, cu_k, max_q, max_k, seqused_k,
+               softmax_scale, causal, mid_window_blocks, return_lse, out_dtype, qk_format, k_smoothing, p_format)

@@ -1,34 +1,34 @@
-"""Custom ops of the FP8 ExpCast path: preparation and the fast and general attention kernels.
+"""Custom ops of the FP8 ExpCast path, one per step-wise public call (open_vc_attn.prepare_fp8, attention_fp8).
 
-- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, str qk_format="e4m3",
-  bool k_smoothing=False) -> (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)``: rank-4 BF16/FP16
-  CUDA inputs, new contiguous outputs (see api.PreparedFP8); seqused_k: optional int32 [B] key counts (keys
-  past them are left out of the scales). qk_format "int8": INT8 Q/K codes (torch.int8) with q_descale
-  [B, H, Sq] and k_descale [B, H, ceil(Sk/128), 8]; k_smoothing: K minus its per-channel mean is quantized.
-- ``open_vc_attn::prepare_fp8_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k,
-  int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k=None, str qk_format="e4m3", bool k_smoothing=False)
-  -> (six tensors)``: packed sequences, q [total_q, H, D], k and v [total_k, H, D], int32 offsets (read on
-  the GPU only); outputs as described in api.PreparedFP8.
+- ``open_vc_attn::prepare_fp8(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,
+  int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, str qk_format="e4m3", bool k_smoothing=False)
+  -> (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)``: BF16/FP16 CUDA inputs, new contiguous
+  outputs (see api.PreparedFP8). Offsets None: batched rank-4 [B, S, H, D] inputs (max_seqlen_q/k unused,
+  pass 0). With int32 offsets (read on the GPU only): packed sequences, q [total_q, H, D], k and v
+  [total_k, H, D], max_seqlen_q/k >= every sequence's length. seqused_k: optional int32 key counts, one per
+  batch entry or sequence (keys past them are left out of the scales). qk_format "int8": INT8 Q/K codes
+  (torch.int8) with q_descale [B, H, Sq] and k_descale [B, H, ceil(Sk/128), 8] (packed: [N, H, max_q] and
+  [N, H, ceil(max_k/128), 8]), where the fast path can attend them only (else ValueError naming qk_format);
+  k_smoothing: K minus its per-channel mean is quantized.
 - ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
-  float softmax_scale, int mid_window_blocks, bool return_lse, ScalarType? out_dtype=None,
-  str qk_format="e4m3", str p_format="expcast") -> (out, lse)``: out BF16 [B, Sq, H, D];
-  lse float32 [B, H, Sq], or an empty [0] tensor when return_lse is False (an op returns a fixed number
-  of tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order. The sm_90a
-  fast path: head_dim 128 or 64, non-causal, batched; E4M3 or INT8.
-- ``open_vc_attn::attention_general(six tensors, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q,
-  int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse,
-  Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format="e4m3", str p_format="expcast") -> (out, lse)``:
-  the general path (CUDA cores; head_dim 64 or 128; E4M3 and ExpCast only: qk_format "int8" or p_format "exp2"
-  raises ValueError naming it). Without
-  offsets the six tensors are a batched preparation and the outputs are those of attention_fp8
-  (max_seqlen_q/k ignored); with them, the packed layout of api.PreparedFP8 for max_seqlen_q/k, out BF16
-  [total_q, H, D] (zeros where no sequence writes) and lse float32 [H, total_q] (-inf there; the flash-attn
-  varlen layout). seqused_k: optional int32 key counts per batch entry or sequence.
-- ``open_vc_attn::attention_fp8_full(the same arguments) -> (out, lse)``: the sm_90a fast path in its causal,
-  packed-sequence and key-count modes (head_dim 128 or 64; E4M3 or INT8), same outputs.
-The attention ops read the Q/K format from their qk_format argument, which must be the preparation's.
-p_format (attention_fp8, attention_fp8_full): "expcast" (ExpCast's linear P code) or "exp2" (P = E4M3 RNE of
-an exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape.
+  Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale,
+  bool causal, int mid_window_blocks, bool return_lse, Tensor? seqused_k=None, ScalarType? out_dtype=None,
+  str qk_format="e4m3", str p_format="expcast", str path="auto") -> (out, lse)``: the six tensors of a
+  batched preparation (offsets None, max_seqlen_q/k unused: pass 0) give out [B, Sq, H, D] and lse float32
+  [B, H, Sq]; with offsets, the packed layout of api.PreparedFP8 for max_seqlen_q/k gives out [total_q, H, D]
+  (zeros where no sequence writes) and lse [H, total_q] (-inf there; the flash-attn varlen layout). out is
+  BF16, or out_dtype; lse is an empty [0] tensor when return_lse is False (an op returns a fixed number of
+  tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order; seqused_k:
+  optional int32 key counts per batch entry or sequence. The op reads the Q/K format from qk_format, which
+  must be the preparation's. p_format: "expcast" (ExpCast's linear P code) or "exp2" (P = E4M3 RNE of an
+  exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape.
+
+The route is :func:`route`'s, once per call: the sm_90a fast path where it takes the call (head_dim 128 or
+64 within its 32-bit range; its dense kernel for batched, non-causal calls without key counts, else its
+causal / packed / key-count modes; E4M3 or INT8), else the general path on the CUDA cores (E4M3 and
+ExpCast only: INT8 there raises ValueError naming qk_format). path "general" forces the general path (tests
+compare the two; qk_format "int8" or p_format "exp2" raise ValueError naming them), "fast" requires the fast
+path (ValueError naming why it cannot take the call).
 """
 import torch
 
@@ -36,21 +36,14 @@ from .. import _checks, _ext
 from .._layout import FP8_NAMES, fp8_expectations, varlen_expectations
 from . import device as dev
 
-_PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? seqused_k=None, str qk_format=\"e4m3\", "
-                   "bool k_smoothing=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
-_PREPARE_VARLEN_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
-                          "int max_seqlen_k, Tensor? seqused_k=None, str qk_format=\"e4m3\", bool k_smoothing=False) "
-                          "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+_PREPARE_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+                   "int max_seqlen_k, Tensor? seqused_k, str qk_format=\"e4m3\", bool k_smoothing=False) "
+                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 _ATTENTION_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
-                     "Tensor v_descale, float softmax_scale, int mid_window_blocks, bool return_lse, "
-                     "ScalarType? out_dtype=None, str qk_format=\"e4m3\", str p_format=\"expcast\") "
-                     "-> (Tensor, Tensor)")
-# attention_general and attention_fp8_full (the same arguments: every call form, general or fast path).
-_SEQUENCE_SCHEMA = ("(Tensor q_codes, Tensor q_descale, Tensor k_codes, Tensor k_descale, Tensor v_packed, "
-                    "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
-                    "float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
-                    "Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format=\"e4m3\", "
-                    "str p_format=\"expcast\") -> (Tensor, Tensor)")
+                     "Tensor v_descale, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+                     "int max_seqlen_k, float softmax_scale, bool causal, int mid_window_blocks, bool return_lse, "
+                     "Tensor? seqused_k=None, ScalarType? out_dtype=None, str qk_format=\"e4m3\", "
+                     "str p_format=\"expcast\", str path=\"auto\") -> (Tensor, Tensor)")
 
 
 def _allocate(expectations, alloc):
@@ -86,93 +79,62 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
 
 # ---- prepare_fp8 ----------------------------------------------------------------------------------------
 
-def _prepare_outputs(q, k, alloc, qk_format="e4m3"):
-    b, sq, h, d = q.shape
-    return _allocate(fp8_expectations(b, sq, k.shape[1], h, d, qk_format), alloc)
-
-
-def _format_args(qk_format, k_smoothing):
-    """The ops' qk_format and k_smoothing arguments, checked (ValueError / TypeError naming them)."""
-    return _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
-
-
-def _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing):
-    fmt, smooth = _format_args(qk_format, k_smoothing)
-    _checks.check_rank4_tokens("prepare_fp8", q, k, v)
-    _checks.check_seqused_k(seqused_k, int(q.shape[0]), q.device, "batch entries")
-    return fmt, smooth
-
-
-def prepare_cuda(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
-    """The CUDA implementation of prepare_fp8: the argument checks, then the device and alignment checks."""
-    qk_format, k_smoothing = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
-    dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    outs = _prepare_outputs(q, k, dev.empty(q.device), qk_format)
-    launch_prepare(q, k, v, outs, None, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
-    return outs
-
-
-@torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda", schema=_PREPARE_SCHEMA)
-def _prepare_fp8(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
-    return prepare_cuda(q, k, v, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
-
-
-@_prepare_fp8.register_fake
-def _prepare_fp8_fake(q, k, v, seqused_k=None, qk_format="e4m3", k_smoothing=False):
-    fmt, _ = _check_prepare(q, k, v, seqused_k, qk_format, k_smoothing)
-    return _prepare_outputs(q, k, dev.like(q), fmt)
-
-
-# ---- prepare_fp8_varlen (packed sequences) ----------------------------------------------------------------
-
-def _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, alloc, qk_format="e4m3"):
+def _prepare_outputs(q, k, alloc, qk_format="e4m3", packed=None):
+    """The six outputs: of a batched preparation (packed None), or packed = (N, max_seqlen_q, max_seqlen_k)."""
+    if packed is None:
+        b, sq, h, d = q.shape
+        return _allocate(fp8_expectations(b, sq, k.shape[1], h, d, qk_format), alloc)
     total_q, h, d = q.shape
-    return _allocate(varlen_expectations(nseq, total_q, k.shape[0], h, d, max_seqlen_q, max_seqlen_k, qk_format),
-                     alloc)
+    return _allocate(varlen_expectations(packed[0], total_q, k.shape[0], h, d, *packed[1:], qk_format), alloc)
 
 
-def _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
-                          k_smoothing):
-    fmt, smooth = _format_args(qk_format, k_smoothing)
-    nseq = _checks.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _checks.check_seqused_k(seqused_k, nseq, q.device, "sequences")
-    return nseq, fmt, smooth
+def _prepare_args(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing):
+    """The op's argument rules (the CUDA and the fake implementation): (packed, qk_format, k_smoothing);
+    packed: (N, max_seqlen_q, max_seqlen_k), or None for a batched call."""
+    fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
+    if cu_q is None and cu_k is None:
+        _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+        packed, groups, sq, sk = None, q.shape[0], q.shape[1], k.shape[1]
+    else:
+        groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+        packed, sq, sk = (groups, max_q, max_k), max_q, max_k
+    _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[-1]), sq, sk))
+    _checks.check_seqused_k(seqused_k, int(groups), q.device, "batch entries" if packed is None else "sequences")
+    return packed, fmt, smooth
 
 
-def prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
-                        qk_format="e4m3", k_smoothing=False):
-    """The CUDA implementation of prepare_fp8_varlen (as :func:`prepare_cuda`, with check_varlen)."""
-    nseq, qk_format, k_smoothing = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                         max_seqlen_k, seqused_k, qk_format, k_smoothing)
+def prepare_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, qk_format="e4m3",
+                 k_smoothing=False):
+    """The CUDA implementation of prepare_fp8: the argument checks, then the device and alignment checks."""
+    packed, qk_format, k_smoothing = _prepare_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   seqused_k, qk_format, k_smoothing)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
-    outs = _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.empty(q.device), qk_format)
-    launch_prepare(q, k, v, outs, dict(num_seqs=nseq, max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
-                                        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(),
-                                        total_q=int(q.shape[0]), total_k=int(k.shape[0])), seqused_k,
-                   qk_format=qk_format, k_smoothing=k_smoothing)
+    outs = _prepare_outputs(q, k, dev.empty(q.device), qk_format, packed)
+    fields = None if packed is None else dict(
+        num_seqs=packed[0], max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+        cu_seqlens_q=cu_seqlens_q.data_ptr(), cu_seqlens_k=cu_seqlens_k.data_ptr(), total_q=int(q.shape[0]),
+        total_k=int(k.shape[0]))
+    launch_prepare(q, k, v, outs, fields, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
     return outs
 
 
-@torch.library.custom_op("open_vc_attn::prepare_fp8_varlen", mutates_args=(), device_types="cuda",
-                         schema=_PREPARE_VARLEN_SCHEMA)
-def _prepare_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
-                        qk_format="e4m3", k_smoothing=False):
-    return prepare_varlen_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                               qk_format=qk_format, k_smoothing=k_smoothing)
+_prepare_op = torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda",
+                                      schema=_PREPARE_SCHEMA)(prepare_cuda)
 
 
-@_prepare_fp8_varlen.register_fake
-def _prepare_fp8_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None,
-                             qk_format="e4m3", k_smoothing=False):
-    nseq, fmt, _ = _check_prepare_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                         qk_format, k_smoothing)
-    return _prepare_varlen_outputs(q, k, nseq, max_seqlen_q, max_seqlen_k, dev.like(q), fmt)
+@_prepare_op.register_fake
+def _prepare_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, qk_format="e4m3",
+                  k_smoothing=False):
+    packed, fmt, _ = _prepare_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                   qk_format, k_smoothing)
+    return _prepare_outputs(q, k, dev.like(q), fmt, packed)
 
 
-# ---- attention_fp8 (the sm_90a fast path) -----------------------------------------------------------------
+# ---- attention_fp8: one op, three routes ------------------------------------------------------------------
 
 def attention_outputs(q_codes, return_lse, alloc, out_dtype=None):
-    """out [B, Sq, H, D] (BF16, or out_dtype) and lse float32 [B, H, Sq] (or [0]) of the batched attention ops."""
+    """out [B, Sq, H, D] (BF16, or out_dtype) and lse float32 [B, H, Sq] (or [0]) of the dense fast path
+    (attention_fp8's dense route, attention_fp8_repair, attention_vc_fp8)."""
     b, sq, h, d = q_codes.shape
     return (alloc((b, sq, h, d), _checks.out_dtype(out_dtype)),
             alloc((b, h, sq) if return_lse else (0,), torch.float32))
@@ -188,15 +150,59 @@ def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_f
     return dev.set_output(p, out, lse, softmax_scale)
 
 
-def attention_cuda(tensors, softmax_scale, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3",
-                   p_format="expcast"):
-    """The CUDA implementation of attention_fp8: the argument checks, then the device and alignment checks."""
-    q_codes = tensors[0]
-    sizes = tuple(int(s) for s in _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks,
-                                                             fmt=qk_format, p_fmt=p_format))
+def sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
+    """out and lse of attention_fp8 (and of open_vc_attn::attention). Packed: out [total_q, H, D] zeros and
+    lse [H, total_q] -inf, so the rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D]
+    and [B, H, Sq], all written. out is BF16, or out_dtype."""
+    n, sq, _, h, d = sizes
+    dtype = _checks.out_dtype(out_dtype)
+    if packed:
+        return (fill((sq, h, d), dtype, 0.0), fill((h, sq) if return_lse else (0,), torch.float32, float("-inf")))
+    return alloc((n, sq, h, d), dtype), alloc((n, h, sq) if return_lse else (0,), torch.float32)
+
+
+def route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k):
+    """Where a checked call runs: "dense" (the fast path's dense kernel), "fast" (its causal / packed /
+    key-count modes) or "general" (the CUDA cores), by _checks.general_path_reason (what api.py warns about
+    too). Raises ValueError for what no route takes: path "fast" past the fast path, INT8 past it, more
+    batches / sequences or heads than the general path's grid."""
+    reason = _checks.general_path_reason(int(sizes[4]), max_q if packed else sizes[1], max_k if packed else sizes[2])
+    if path == "general" or reason is not None:
+        if path == "fast":
+            raise ValueError(f"path: 'fast' requires the sm_90a fast path, which cannot take this call: {reason}; "
+                             "use path='auto' or 'general'")
+        _checks.require_fast_path(qk_format, reason)
+        _checks.check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
+        return "general"
+    return "fast" if packed or causal or seqused_k is not None else "dense"
+
+
+def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
+                    p_format, path):
+    """The op's argument rules (the CUDA and the fake implementation): (packed, sizes, route)."""
+    packed, sizes = _checks.check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
+                                                    mid_window_blocks, qk_format, p_format, path)
+    where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k)
+    _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
+    return packed, sizes, where
+
+
+def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
+                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
+                   out_dtype=None, qk_format="e4m3", p_format="expcast", path="auto"):
+    """The CUDA implementation of attention_fp8: the argument checks and the route, then the device and
+    alignment checks, then the route's kernel."""
+    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
+    packed, sizes, where = _attention_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                           softmax_scale, causal, mid_window_blocks, seqused_k, qk_format, p_format,
+                                           path)
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    return enqueue_fast(tensors, sizes, q_codes.device, softmax_scale, mid_window_blocks, return_lse, out_dtype,
-                        qk_format, p_format)
+    if where == "dense":
+        return enqueue_fast(tensors, tuple(int(s) for s in sizes), q_codes.device, softmax_scale, mid_window_blocks,
+                            return_lse, out_dtype, qk_format, p_format)
+    return enqueue_sequence(where == "fast", tensors, packed, sizes, q_codes.device, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
+                            out_dtype, qk_format, p_format)
 
 
 def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None,
@@ -210,61 +216,12 @@ def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, retur
     return out, lse
 
 
-@torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
-                         schema=_ATTENTION_SCHEMA)
-def _attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                   mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    return attention_cuda((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
-                          mid_window_blocks, return_lse, out_dtype, qk_format=qk_format, p_format=p_format)
-
-
-@_attention_fp8.register_fake
-def _attention_fp8_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, softmax_scale,
-                        mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    _checks.check_fast_op_args(tensors, softmax_scale, mid_window_blocks, fmt=qk_format, p_fmt=p_format)
-    return attention_outputs(q_codes, return_lse, dev.like(q_codes), out_dtype)
-
-
-# ---- attention_general and attention_fp8_full: every call form --------------------------------------------
-# attention_general: the CUDA-core general path (head_dim 64 or 128). attention_fp8_full: the sm_90a fast
-# path in its causal / packed / key-count modes (head_dim 128 or 64). Same arguments, same outputs.
-
-def sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
-    """out and lse of the sequence ops. Packed: out [total_q, H, D] zeros and lse [H, total_q] -inf, so the
-    rows that no (clamped) sequence covers are defined; batched: [B, Sq, H, D] and [B, H, Sq], all written.
-    out is BF16, or out_dtype."""
-    n, sq, _, h, d = sizes
-    dtype = _checks.out_dtype(out_dtype)
-    if packed:
-        return (fill((sq, h, d), dtype, 0.0), fill((h, sq) if return_lse else (0,), torch.float32, float("-inf")))
-    return alloc((n, sq, h, d), dtype), alloc((n, h, sq) if return_lse else (0,), torch.float32)
-
-
-def _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
-                   qk_format="e4m3", p_format="expcast"):
-    packed, sizes = _checks.check_general_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                  mid_window_blocks, fast=fast, fmt=qk_format, p_fmt=p_format)
-    _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
-    return packed, sizes
-
-
-def sequence_cuda(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                  seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    """The CUDA implementation of attention_fp8_full (fast) and attention_general (as :func:`attention_cuda`)."""
-    qc = tensors[0]
-    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks,
-                                   seqused_k, fast, qk_format, p_format)
-    dev.launch_checks(qc.device, zip(FP8_NAMES, tensors))
-    return enqueue_sequence(fast, tensors, packed, sizes, qc.device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                            mid_window_blocks, return_lse, seqused_k, out_dtype, qk_format, p_format)
-
-
 def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
                      mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    """attention_fp8_full (fast) or attention_general on checked arguments (tensors: as in
-    :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast: AttentionParams.p_format from
-    p_format; the general path's struct has no P format: it computes ExpCast, and its callers reject exp2)."""
+    """The fast path's causal / packed / key-count modes (fast) or the general path on checked arguments
+    (tensors: as in :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast:
+    AttentionParams.p_format from p_format; the general path's struct has no P format: it computes ExpCast,
+    and route() never sends it exp2)."""
     n, sq, sk, h, d = (int(x) for x in sizes)
     out, lse = sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
     ext = _ext.load()
@@ -290,47 +247,15 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
     return out, lse
 
 
-def _fake_sequence(fast, tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, return_lse, seqused_k,
-                   out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    packed, sizes = _sequence_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, seqused_k, fast,
-                                   qk_format, p_format)
-    like = dev.like(tensors[0])
-    return sequence_outputs(packed, sizes, return_lse, like, dev.like_full(tensors[0]), out_dtype)
+_attention_op = torch.library.custom_op("open_vc_attn::attention_fp8", mutates_args=(), device_types="cuda",
+                                        schema=_ATTENTION_SCHEMA)(attention_cuda)
 
 
-@torch.library.custom_op("open_vc_attn::attention_general", mutates_args=(), device_types="cuda",
-                         schema=_SEQUENCE_SCHEMA)
-def _attention_general(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
-                       max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
-                       out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    return sequence_cuda(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype, qk_format=qk_format, p_format=p_format)
-
-
-@_attention_general.register_fake
-def _attention_general_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
-                            cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                            return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    return _fake_sequence(False, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype, qk_format, p_format)
-
-
-@torch.library.custom_op("open_vc_attn::attention_fp8_full", mutates_args=(), device_types="cuda",
-                         schema=_SEQUENCE_SCHEMA)
-def _attention_fp8_full(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
-                        max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse,
-                        seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    return sequence_cuda(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                         return_lse, seqused_k, out_dtype, qk_format=qk_format, p_format=p_format)
-
-
-@_attention_fp8_full.register_fake
-def _attention_fp8_full_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q,
-                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks,
-                             return_lse, seqused_k=None, out_dtype=None, qk_format="e4m3", p_format="expcast"):
-    return _fake_sequence(True, (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
-                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mid_window_blocks, return_lse,
-                          seqused_k, out_dtype, qk_format, p_format)
+@_attention_op.register_fake
+def _attention_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
+                    out_dtype=None, qk_format="e4m3", p_format="expcast", path="auto"):
+    packed, sizes, _ = _attention_args((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                       mid_window_blocks, seqused_k, qk_format, p_format, path)
+    return sequence_outputs(packed, sizes, return_lse, dev.like(q_codes), dev.like_full(q_codes), out_dtype)

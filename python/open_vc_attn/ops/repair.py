@@ -11,8 +11,7 @@
 """
 import torch
 
-from .. import _checks, _ext
-from .. import _checks_baselines
+from .. import _checks_baselines, _ext
 from .._layout import FP8_NAMES, repair_expectations
 from . import device as dev
 from .fp8 import attention_outputs, fast_params
@@ -95,7 +94,7 @@ def _attention_fp8_repair(q_codes, q_descale, k_codes, k_descale, v_packed, v_de
                           return_lse):
     fp8 = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
     repair = (repair_k_codes, repair_k_descale, repair_v_packed, repair_tokens)
-    sizes = tuple(int(s) for s in _checks.check_fast_op_args(fp8, softmax_scale, mid_window_blocks, repair=True))
+    sizes = tuple(int(s) for s in _checks_baselines.check_repair_fp8(fp8, softmax_scale, mid_window_blocks))
     b, _, _, h, d = sizes
     rows = int(repair_tokens.shape[-1]) if repair_tokens.dim() == 3 else -1
     _checks_baselines.check_repair_tensors(repair, b, h, d, rows)
@@ -113,6 +112,6 @@ def _attention_fp8_repair(q_codes, q_descale, k_codes, k_descale, v_packed, v_de
 def _attention_fp8_repair_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, repair_k_codes,
                                repair_k_descale, repair_v_packed, repair_tokens, softmax_scale, mid_window_blocks,
                                return_lse):
-    _checks.check_fast_op_args((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
-                               mid_window_blocks, repair=True)
+    _checks_baselines.check_repair_fp8((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), softmax_scale,
+                                       mid_window_blocks)
     return attention_outputs(q_codes, return_lse, dev.like(q_codes))
