@@ -260,7 +260,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
 def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
               mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, out_dtype=None,
-              version="open-vc", mode="expcast", qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+              version="open-vc", mode="expcast", qk_format="e4m3", k_smoothing=False, p_format="expcast",
+              block_mask=None):
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
@@ -304,6 +305,15 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     instead of 4.15% rel L2 on N(0,1) inputs at S = 4096 with INT8 + K smoothing), in every call form above;
     "exp2" needs qk_format="int8" (else ValueError naming p_format), anything but the two strings raises
     ValueError naming p_format. The BF16 reference (version="reference") checks and ignores all three.
+
+    block_mask: block-sparse attention (docs/block_sparse.md): a torch FlexAttention BlockMask with BLOCK_SIZE 128
+    built for (Sq, Sk) (open_vc_attn.masks makes video masks), or a (kv_num_blocks, kv_indices) pair of contiguous
+    int32 CUDA tensors in its layout ([B or 1, H or 1, ceil(Sq/128)] and [.., K_tiles]). Query tile t (rows
+    128 t ..) attends only the 128-key blocks listed for it, each whole (a BlockMask's partial and full blocks
+    alike: its mask_mod is not evaluated, so element-level edges inside a block are not applied); indices ascend
+    within a row; a tile with none gives output 0 and lse -inf. Batched calls on the sm_90a fast path, either Q/K
+    format and head dim: not with cu_seqlens, causal, seqused_k / key_padding_mask, p_format "exp2" or the BF16
+    reference (ValueError naming block_mask). check_inputs=True also validates the lists' values on the host.
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
@@ -315,6 +325,10 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         _checks.k_smoothing(k_smoothing)
         _checks.p_format(p_format, fmt)
     opts = (scale, causal, mid, want_lse, out_dtype, qk_format, k_smoothing, p_format)
+    if block_mask is not None:   # what the op cannot see: the BF16 reference, a mask that moves keys, packing
+        from . import _block_sparse
+        _block_sparse.reject_with(**{"version='reference'": reference, "key_padding_mask": key_padding_mask is not None,
+                                     "cu_seqlens (packed sequences)": cu_seqlens_q is not None or cu_seqlens_k is not None})
     if cu_seqlens_q is None and cu_seqlens_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
@@ -343,8 +357,12 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                                   keep=keep), out_dtype)
         if keep is not None:
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
+        blocks = (None, None)
+        if block_mask is not None:
+            blocks = _block_sparse.lists_of(block_mask, seqlen_q=int(q4.shape[1]), seqlen_k=sk, check_inputs=check_inputs,
+                                            batch=b, heads=int(q4.shape[2]))
         from . import ops
-        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts)
+        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks)
         _warn_general_path(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk))
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:

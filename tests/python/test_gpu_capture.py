@@ -136,13 +136,13 @@ def _prepared_int8(q, k, v):
 def _general_batched(q, k, v):
     from open_vc_attn import ops
     p = open_vc_attn.prepare_fp8(q[..., :64], k[..., :64], v[..., :64])
-    return ops.attention_general_op(*p.tensors(), None, None, 0, 0, 0.0, True, 4, True)
+    return ops.attention_fp8_op(*p.tensors(), None, None, 0, 0, 0.0, True, 4, True, path="general")
 
 
 def _general_packed(q, k, v, cq, ck):
     from open_vc_attn import ops
     p = open_vc_attn.prepare_fp8(q, k, v, cq, ck, MAX_Q, MAX_K)
-    return ops.attention_general_op(*p.tensors(), cq, ck, MAX_Q, MAX_K, 0.0, False, 4, True)
+    return ops.attention_fp8_op(*p.tensors(), cq, ck, MAX_Q, MAX_K, 0.0, False, 4, True, path="general")
 
 
 PREPARED = {

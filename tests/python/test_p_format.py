@@ -209,11 +209,11 @@ def test_torch_compile_fullgraph_carries_p_format(torch):
             torch.compile(f, backend=backend, fullgraph=True)(q, q, q)
     calls = [{str(n.target): n.args for n in gm.graph.nodes if n.op == "call_function"
               and str(n.target).startswith("open_vc_attn.")} for gm in graphs]
-    op = "open_vc_attn.attention.default"   # attention() is one op, its last three arguments the formats
+    op = "open_vc_attn.attention.default"   # attention() is one op; arguments 13..15 are the formats
     assert all(set(c) == {op} for c in calls)
-    assert calls[0][op][-3:] == ("int8", True, "exp2")
-    assert calls[1][op][-3:] == ("int8", False, "exp2") and calls[1][op][9] is True
-    assert calls[2][op][-3:] == ("int8", False, "expcast")
+    assert calls[0][op][13:16] == ("int8", True, "exp2")
+    assert calls[1][op][13:16] == ("int8", False, "exp2") and calls[1][op][9] is True
+    assert calls[2][op][13:16] == ("int8", False, "expcast")
 
 
 # ---- what the eager paths hand the extension --------------------------------------------------------------

@@ -3,12 +3,14 @@
 ``open_vc_attn::attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,
 int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks,
 bool return_lse, ScalarType? out_dtype=None, str qk_format="e4m3", bool k_smoothing=False,
-str p_format="expcast") -> (out, lse)``: BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
+str p_format="expcast", Tensor? kv_num_blocks=None, Tensor? kv_indices=None) -> (out, lse)``: BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
 packed ``[total, H, D]`` with int32 offsets; out ``[B, Sq, H, D]`` / ``[total_q, H, D]`` (BF16, or out_dtype;
 packed rows no sequence covers are 0), lse float32 ``[B, H, Sq]`` / ``[H, total_q]`` (-inf there), or an
 empty ``[0]`` tensor without return_lse. softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 natural
 order. C++ prepares into one workspace tensor and attends on the fast or the general path, chosen there;
-with k_smoothing the LSE is that of the keys as given (numerics section 9).
+with k_smoothing the LSE is that of the keys as given (numerics section 9). kv_num_blocks / kv_indices: key
+block lists (block-sparse attention, batched calls on the fast path; open_vc_attn.masks.check_block_lists's
+layout, contiguous; docs/block_sparse.md).
 
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
@@ -26,12 +28,13 @@ from .fp8 import sequence_outputs
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
            "int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks, "
            "bool return_lse, ScalarType? out_dtype=None, str qk_format=\"e4m3\", bool k_smoothing=False, "
-           "str p_format=\"expcast\") -> (Tensor, Tensor)")
+           "str p_format=\"expcast\", Tensor? kv_num_blocks=None, Tensor? kv_indices=None) -> (Tensor, Tensor)")
 
 
-def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format):
+def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format, blocks=(None, None),
+           causal=False):
     """The op's argument rules (api.attention leaves them to the op; C++ checks its struct on its own):
-    whether the call is packed."""
+    whether the call is packed. blocks: (kv_num_blocks, kv_indices) or (None, None)."""
     fmt, _ = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     _checks.p_format(p_format, fmt)
     packed = cu_q is not None or cu_k is not None
@@ -46,6 +49,10 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
     if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
         _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
+    if blocks != (None, None):
+        from .._block_sparse import check_op_lists
+        check_op_lists(*blocks, q, k, packed=packed, reason=reason, causal=causal, key_counts=seqused_k is not None,
+                       p_format=p_format)
     return packed
 
 
@@ -61,7 +68,7 @@ def _sizes(q, packed):
 
 
 def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
-                 qk_format, k_smoothing, p_format):
+                 qk_format, k_smoothing, p_format, blocks=(None, None)):
     """openvc::AttentionCall of checked arguments (lse None: no LSE output)."""
     ext = _ext.load()
     packed = cu_q is not None
@@ -80,20 +87,25 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
         c.out_stride_batch, c.out_stride_seq, c.out_stride_head = out.stride()[:3]
     if seqused_k is not None:
         c.seqused_k = seqused_k.data_ptr()
+    if blocks != (None, None):
+        counts, indices = blocks
+        c.blocks = dev.params(ext.KeyBlockList, num_blocks=counts.data_ptr(), indices=indices.data_ptr(),
+                              batch=int(counts.shape[0]), heads=int(counts.shape[1]), q_tiles=int(counts.shape[2]),
+                              capacity=int(indices.shape[3]))
     return c
 
 
 def attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                    mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                   p_format="expcast"):
+                   p_format="expcast", kv_num_blocks=None, kv_indices=None):
     """The CUDA implementation of the op (registered as it is): (out, lse)."""
-    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format)
+    varlen, blocks = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), (kv_num_blocks, kv_indices)
+    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format, blocks, causal)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     out, lse = sequence_outputs(packed, _sizes(q, packed), return_lse, dev.empty(q.device), dev.full(q.device),
                                 out_dtype)
     c = _call_struct(q, k, v, *varlen, seqused_k, softmax_scale, causal, mid_window_blocks, out,
-                     lse if return_lse else None, qk_format, k_smoothing, p_format)
+                     lse if return_lse else None, qk_format, k_smoothing, p_format, blocks)
     ext = _ext.load()
     ws = dev.workspace(ext.attention_workspace_bytes(c), q.device)   # torch's blocks are 512-byte aligned
     dev.enqueue(lambda call, stream: ext.attention(call, ws.data_ptr(), ws.numel(), stream), c, q.device)
@@ -108,14 +120,16 @@ _OP = torch.ops.open_vc_attn.attention.default
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                     causal, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                    p_format="expcast"):
+                    p_format="expcast", kv_num_blocks=None, kv_indices=None):
     packed = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
-                    k_smoothing, p_format)
+                    k_smoothing, p_format, (kv_num_blocks, kv_indices), causal)
     return sequence_outputs(packed, _sizes(q, packed), return_lse, dev.like(q), dev.like_full(q), out_dtype)
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
-              out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+              out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast", kv_num_blocks=None,
+              kv_indices=None):
     """``open_vc_attn::attention``: the op's implementation directly when eager (one hop less), else the op."""
-    return run(_OP, attention_cuda, (q, k, v, cu_q, cu_k, seqused_k), q, k, v, cu_q, cu_k, max_q, max_k, seqused_k,
-               softmax_scale, causal, mid_window_blocks, return_lse, out_dtype, qk_format, k_smoothing, p_format)
+    return run(_OP, attention_cuda, (q, k, v, cu_q, cu_k, seqused_k, kv_num_blocks, kv_indices), q, k, v, cu_q, cu_k,
+               max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype, qk_format,
+               k_smoothing, p_format, kv_num_blocks, kv_indices)
