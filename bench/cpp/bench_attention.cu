@@ -1,7 +1,8 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8] [causal]
+// ("prev causal": the causal instantiations of today's and the earlier kernel)
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -95,6 +96,8 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
 // copied over, and the KernelParams bytes of the earlier layout (fields are only ever appended at the
 // end, so the earlier struct is a prefix of today's). Earlier commits with the LaunchPlan /
 // launch_kernel<Mode, Probe> interface (kernel_launch.cuh) only.
+// kMode: the plain (0) or causal (4) instantiation, whose bits are the same in every commit with this interface.
+template <int kMode>
 openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
   namespace prev = openvc::sm90prev;
   static_assert(sizeof(prev::KernelParams) <= sizeof(openvc::sm90::KernelParams),
@@ -103,8 +106,8 @@ openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s)
   pl.tm_q = plan.tm_q, pl.tm_k = plan.tm_k, pl.tm_v = plan.tm_v, pl.tm_krep = plan.tm_krep, pl.tm_vrep = plan.tm_vrep;
   std::memcpy(&pl.kp, &plan.kp, sizeof(pl.kp));
   pl.grid = plan.grid;
-  pl.mode = prev::kPlainMode;
-  return prev::launch_kernel<prev::kPlainMode, prev::kNoProbe>(pl, s);
+  pl.mode = kMode;
+  return prev::launch_kernel<kMode, prev::kNoProbe>(pl, s);
 }
 #endif
 
@@ -295,10 +298,13 @@ int main(int argc, char** argv) {
       const char* name;
       openvc::Status (*launch)(const LaunchPlan&, cudaStream_t);
     };
+    // "prev causal": the causal instantiations side by side (S = Sq = Sk).
+    const bool causal = only_prev && argc > 7 && std::string(argv[7]) == "causal";
+    if (causal) ap.causal = true;
     const V variants[] = {
-        {"production", launch_kernel<kPlainMode, kNoProbe>},
+        {"production", causal ? launch_kernel<kCausalMode, kNoProbe> : launch_kernel<kPlainMode, kNoProbe>},
 #ifdef OPENVC_BENCH_PREV
-        {"previous kernel (scripts/prev_kernel.sh)", launch_prev},
+        {"previous kernel (scripts/prev_kernel.sh)", causal ? launch_prev<kCausalMode> : launch_prev<kPlainMode>},
 #endif
         {"ping-pong ordering", launch_kernel<kPlainMode, kPingPong>},
         {"float row max (FMNMX)", launch_kernel<kPlainMode, kFloatMax>},

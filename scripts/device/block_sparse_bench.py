@@ -88,7 +88,7 @@ def main(argv=None):
     for name in names:
         bm = make_mask(masks, name, args.frames, args.tokens_per_frame, dev)
         if bm is None:
-            listed = -(-S // 128) ** 2
+            listed = (-(-S // 128)) ** 2
             fns[("openvc", name)] = lambda: open_vc_attn.attention(q, k, v)
             fns[("flex", name)] = lambda: flex_attn(qt, kt, vt)
         else:
