@@ -44,17 +44,17 @@ struct AttentionCall {
   int64_t out_stride_batch = 0, out_stride_seq = 0, out_stride_head = 0;
   DType out_dtype = DType::kBFloat16;
   float* lse = nullptr;
-  // Optional key block lists (block-sparse attention; attention.h, KeyBlockList): batched calls on the fast
-  // path only (the general path does not take them: Status::Unsupported naming `blocks`).
+  // Optional key block lists (block-sparse attention; attention.h, KeyBlockList): batched calls without
+  // causal or seqused_k, on either path (the same blocks and order).
   KeyBlockList blocks;
 };
 
 enum class AttentionPath { kFast, kGeneral };
 
 // Which path openvc::attention takes for this call on `device` (its compute capability and the call's
-// sizes; no pointer is read), and why when it is not the fast path. INT8 Q/K, the exp2 P format and key
-// block lists run on the fast path only: such a call that the fast path does not take is
-// Status::Unsupported naming qk_format, p_format or blocks, with the reason.
+// sizes; no pointer is read), and why when it is not the fast path. INT8 Q/K and the exp2 P format run on
+// the fast path only: a call of either that the fast path does not take is Status::Unsupported naming
+// qk_format or p_format, with the reason.
 Status attention_path(const AttentionCall& call, int device, AttentionPath* path, std::string* reason = nullptr);
 
 // Workspace bytes of openvc::attention for this call (the prepared Q/K/V codes and descales, preparation's

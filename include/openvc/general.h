@@ -59,6 +59,10 @@ struct GeneralAttentionParams {
   DType out_dtype = DType::kBFloat16;  // of out: BF16 (default) or FP16
   float softmax_scale = 0.0f;          // <= 0: 1/sqrt(D)
   int mid_window_blocks = 4;           // kNaturalOrder for natural order
+  // Optional key block lists (attention.h, KeyBlockList; the same blocks and order as the fast path, codes
+  // bit-identical to the reference; every key masked per row past Sk, so no ascending rule here). Batched,
+  // non-causal calls without seqused_k (Status::Unsupported naming `blocks` otherwise). Last, as above.
+  KeyBlockList blocks;
 };
 
 Status attention_general(const GeneralAttentionParams& params, cudaStream_t stream);

@@ -35,18 +35,16 @@ def lists_of(block_mask, *, seqlen_q, seqlen_k, check_inputs=False, batch=None, 
     return counts, indices
 
 
-def check_op_lists(counts, indices, q, k, *, packed, reason, causal, key_counts, p_format):
+def check_op_lists(counts, indices, q, k, *, packed, causal, key_counts, p_format):
     """The attention op's rules for its kv_num_blocks / kv_indices arguments (batched q [B, Sq, H, D]): the
-    call forms they combine with, the fast path, the lists' layout (masks.check_block_lists), contiguity."""
+    call forms they combine with, the lists' layout (masks.check_block_lists), contiguity, device. Either
+    path takes them (the general path visits the same blocks in the same order)."""
     from . import masks
 
     if counts is None or indices is None:
         raise ValueError("kv_num_blocks, kv_indices: pass both (key block lists) or neither")
     reject_with(**{"cu_seqlens (packed sequences)": packed, "causal": causal,
                    "seqused_k or key_padding_mask (key counts)": key_counts, "p_format='exp2'": p_format == "exp2"})
-    if reason is not None:
-        raise ValueError(f"block_mask: key block lists run on the sm_90a fast path only, which cannot take this call: "
-                         f"{reason}")
     masks.check_block_lists(counts, indices, batch=int(q.shape[0]), heads=int(q.shape[2]), seqlen_q=int(q.shape[1]),
                             seqlen_k=int(k.shape[1]))
     for name, x in (("kv_num_blocks", counts), ("kv_indices", indices)):

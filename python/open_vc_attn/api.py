@@ -311,9 +311,10 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     int32 CUDA tensors in its layout ([B or 1, H or 1, ceil(Sq/128)] and [.., K_tiles]). Query tile t (rows
     128 t ..) attends only the 128-key blocks listed for it, each whole (a BlockMask's partial and full blocks
     alike: its mask_mod is not evaluated, so element-level edges inside a block are not applied); indices ascend
-    within a row; a tile with none gives output 0 and lse -inf. Batched calls on the sm_90a fast path, either Q/K
-    format and head dim: not with cu_seqlens, causal, seqused_k / key_padding_mask, p_format "exp2" or the BF16
-    reference (ValueError naming block_mask). check_inputs=True also validates the lists' values on the host.
+    within a row; a tile with none gives output 0 and lse -inf. Batched calls, either Q/K format and head dim (the
+    general path, where the fast path cannot take the call, visits the same blocks): not with cu_seqlens, causal,
+    seqused_k / key_padding_mask, p_format "exp2" or the BF16 reference (ValueError naming block_mask).
+    check_inputs=True also validates the lists' values on the host.
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)

@@ -127,8 +127,6 @@ Status attention_path(const AttentionCall& c, int device, AttentionPath* path, s
                                "take this call: " + why);
   if (!why.empty() && c.p_format == PFormat::kExp2)
     return Status::Unsupported("attention: call.p_format kExp2 runs on the sm_90a fast path only: " + why);
-  if (!why.empty() && has_block_list(c.blocks))
-    return Status::Unsupported("attention: call.blocks (key block lists) run on the sm_90a fast path only: " + why);
   return Status::Ok();
 }
 
@@ -188,7 +186,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     g.out_stride_head = c.out_stride_head, g.lse = c.lse, g.out_dtype = c.out_dtype;
     if (packed(c)) g.lse_stride_head = c.total_q;
     else g.lse_stride_head = c.seqlen_q, g.lse_stride_batch = int64_t(c.heads) * c.seqlen_q;
-    g.softmax_scale = c.softmax_scale, g.mid_window_blocks = c.mid_window_blocks;
+    g.softmax_scale = c.softmax_scale, g.mid_window_blocks = c.mid_window_blocks, g.blocks = c.blocks;
     OPENVC_RETURN_IF_ERROR(attention_general(g, stream));
   }
   if (term != nullptr) {

@@ -166,7 +166,7 @@ def test_op_rules_name_the_argument(torch, case):
     (q, k, _), kw = _error_call(torch, case, "cpu")
     counts, idx = kw["block_mask"]
     with pytest.raises(case[2], match=case[3]):
-        _block_sparse.check_op_lists(counts, idx, q, k, packed=False, reason=None, causal=kw.get("causal", False),
+        _block_sparse.check_op_lists(counts, idx, q, k, packed=False, causal=kw.get("causal", False),
                                      key_counts="seqused_k" in kw, p_format=kw.get("p_format", "expcast"))
 
 

@@ -51,8 +51,7 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
     if blocks != (None, None):
         from .._block_sparse import check_op_lists
-        check_op_lists(*blocks, q, k, packed=packed, reason=reason, causal=causal, key_counts=seqused_k is not None,
-                       p_format=p_format)
+        check_op_lists(*blocks, q, k, packed=packed, causal=causal, key_counts=seqused_k is not None, p_format=p_format)
     return packed
 
 

@@ -56,6 +56,12 @@ struct KernelParams {
   int64_t lse_sb, lse_sh;
   float tau;               // resolved softmax scale
   int mid_window;          // -1: natural order
+  // Key block lists (null: every block): the tile's row = s * blk_sb + h * blk_sh + tile, its blocks
+  // blk_index[row * blk_cap + i], i < clamp(blk_count[row], 0, blk_cap), each clamped to [0, nk).
+  const int* blk_count;
+  const int* blk_index;
+  int64_t blk_sb, blk_sh;
+  int blk_cap;
   bool causal;
   bool out_fp16;           // out holds FP16 instead of BF16 (same strides)
 };
@@ -161,15 +167,26 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
   // Traversal (numerics.md section 5): j0 = min(diag + w, n - 1); j0 down to 0, then j0 + 1 up.
   // Causal: only the nv blocks the tile's last row sees, from the diagonal (j0 = nv - 1) down.
   const int64_t last_key = int64_t(r0 + rows - 1) + (sk - sq);   // the last key the tile's last row sees
-  const int nv = !p.causal ? n : last_key < 0 ? 0 : int(min(last_key / kTile + 1, int64_t(n)));
+  int nv = !p.causal ? n : last_key < 0 ? 0 : int(min(last_key / kTile + 1, int64_t(n)));
+  // Key block lists (section 5, "Key block lists"): the same order over list positions, measured from the
+  // first listed block.
+  const int* listed = nullptr;
+  int first = 0;
+  if (p.blk_index != nullptr) {
+    const int64_t row = s * p.blk_sb + h * p.blk_sh + tile;
+    listed = p.blk_index + row * p.blk_cap;
+    nv = n > 0 ? min(max(p.blk_count[row], 0), p.blk_cap) : 0;
+    first = nv > 0 ? min(max(listed[0], 0), n - 1) : 0;
+  }
   int j0 = nv - 1;
   if (p.mid_window >= 0 && n > 0 && !p.causal) {
     const int64_t diag = int64_t(r0) * sk / sq / kTile;
-    j0 = int(min(diag + p.mid_window, int64_t(n - 1)));
+    j0 = int(min(diag - first + p.mid_window, int64_t(nv - 1)));   // < 0 (lists only): natural order
   }
 
   for (int t = 0; t < nv; ++t) {
-    const int b = p.mid_window < 0 ? t : (t <= j0 ? j0 - t : t);
+    const int pos = p.mid_window < 0 ? t : (t <= j0 ? j0 - t : t);
+    const int b = listed != nullptr ? min(max(listed[pos], 0), n - 1) : pos;
     const int kb = b * kTile;
     const int kcount = min(kTile, sk - kb);
     const float a = __fmul_rn(qa, dk[b]);

@@ -47,7 +47,7 @@ struct Case {
   // Huge spreads: attention is nearly one-hot and one accumulator ulp can pick another key, so only
   // finiteness and the convex-combination bound |O| <= max |V| are checked.
   bool finite_only = false;
-  // Key block lists (fast path, batched): the kernel and the reference visit the same lists; exact
+  // Key block lists (batched, either path): the kernel and the reference visit the same lists; exact
   // attention has no block mask, so only the reference on the same codes is compared.
   const BlockLists* blocks = nullptr;
 };
@@ -200,6 +200,7 @@ inline void run_case(const Case& c) {
     if (c.blocks) f.blocks = c.blocks->device(dblk_n.ptr(), dblk_i.ptr());
     st = openvc::attention_fp8(f, stream);
   } else {
+    if (c.blocks) p.blocks = c.blocks->device(dblk_n.ptr(), dblk_i.ptr());
     st = openvc::attention_general(p, stream);
   }
   ASSERT_TRUE(st.ok()) << st.message();
@@ -283,8 +284,8 @@ inline void run_case(const Case& c) {
   // against exact attention is held to the reference's below.
   EXPECT_LE(lse_err, fast ? 0.05 : 1e-4);
   if (c.blocks) {
-    std::printf("  [fast block lists B=%d H=%d D=%d w=%d] vs ref: rel_l2 %.1e max_abs %.1e, lse %.1e\n", nseq, H, D,
-                c.mid_window, e.rel_l2, e.max_abs, lse_err);
+    std::printf("  [%s block lists B=%d H=%d D=%d w=%d] vs ref: rel_l2 %.1e max_abs %.1e, lse %.1e\n",
+                fast ? "fast" : "general", nseq, H, D, c.mid_window, e.rel_l2, e.max_abs, lse_err);
     return;
   }
 

@@ -2,7 +2,8 @@
 // on the sm_90a fast path against the CPU reference visiting the same lists on the same codes: head dim
 // 128 and 64, ragged key counts (the partial last block listed last), mid-window and natural order,
 // broadcast batch / head lists, empty rows (output 0, lse -inf), out-of-range counts and indices (clamped
-// alike), and the calls the mode rejects, naming `blocks`. INT8 Q/K: test_attention_sm90_int8_modes.cu.
+// alike), the general path on the same lists, and the calls the mode rejects, naming `blocks`. INT8 Q/K:
+// test_attention_sm90_int8_modes.cu.
 // Run: openvc_gpu_tests --gtest_filter='Sm90BlockList*'
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -24,9 +25,10 @@ using openvc::testing::BlockListSpec;
 using openvc::testing::DevBuf;
 using openvc::testing::make_block_lists;
 
-void run_listed(int B, int sq, int sk, int H, int D, int w, bool video, const BlockListSpec& spec) {
+void run_listed(int B, int sq, int sk, int H, int D, int w, bool video, const BlockListSpec& spec,
+                Path path = Path::kFast) {
   const BlockLists lists = make_block_lists(spec, int(openvc::num_quant_blocks(sq)), int(openvc::num_quant_blocks(sk)));
-  Case c = batched(B, sq, sk, H, D, false, w, video, Path::kFast);
+  Case c = batched(B, sq, sk, H, D, false, w, video, path);
   c.blocks = &lists;
   run_case(c);
 }
@@ -63,6 +65,17 @@ TEST(Sm90BlockList, OutOfRangeValuesAreClamped) {
   BlockListSpec s;
   s.batch = 1, s.heads = 2, s.out_of_range = true, s.seed = 41;
   run_listed(1, 600, 1024, 2, 128, 4, false, s);
+}
+
+// The general path (CUDA cores) visits the same lists in the same order: the reference's codes bit for bit
+// (its usual bounds), ragged keys, broadcast heads, clamped values.
+TEST(Sm90BlockList, GeneralPathSameLists) {
+  SKIP_WITHOUT_SM90();
+  BlockListSpec s;
+  s.batch = 2, s.heads = 1, s.seed = 61;
+  run_listed(2, 700, 1100, 2, 128, 4, true, s, Path::kGeneral);
+  s.batch = 1, s.heads = 2, s.out_of_range = true, s.seed = 62;
+  run_listed(1, 300, 640, 2, 64, openvc::kNaturalOrder, false, s, Path::kGeneral);
 }
 
 TEST(Sm90BlockList, RejectedCallsNameBlocks) {
