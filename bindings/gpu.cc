@@ -114,6 +114,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, p_format);
   OPENVC_FIELD(attn, AttentionParams, out_dtype);
   OPENVC_FIELD(attn, AttentionParams, blocks);
+  OPENVC_FIELD(attn, AttentionParams, causal_chunk);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",
                                                                       "openvc::GeneralAttentionParams.");
@@ -137,6 +138,8 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(general, GeneralAttentionParams, lse_stride_head);
   OPENVC_FIELD(general, GeneralAttentionParams, softmax_scale);
   OPENVC_FIELD(general, GeneralAttentionParams, mid_window_blocks);
+  OPENVC_FIELD(general, GeneralAttentionParams, blocks);
+  OPENVC_FIELD(general, GeneralAttentionParams, causal_chunk);
 
   m.def("prepare_workspace_bytes", &prepare_workspace_bytes, nb::arg("groups"), nb::arg("heads"),
         nb::arg("max_seqlen_k"), nb::arg("k_smoothing"),

@@ -46,6 +46,7 @@ void register_gpu_call(nb::module_& m) {
   OPENVC_FIELD(call, AttentionCall, out_dtype);
   OPENVC_FIELD(call, AttentionCall, lse);
   OPENVC_FIELD(call, AttentionCall, blocks);
+  OPENVC_FIELD(call, AttentionCall, causal_chunk);
 
   m.def("attention_workspace_bytes", &attention_workspace_bytes, nb::arg("call"),
         "Workspace bytes of openvc::attention for this call (pointers are not read).");

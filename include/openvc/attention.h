@@ -205,6 +205,11 @@ struct AttentionParams {
   // fields above stay valid.
   PFormat p_format = PFormat::kExpCast;
   KeyBlockList blocks;                 // optional key block lists (see KeyBlockList); last, as above
+  // Chunked causal (with causal; numerics section 5): key j visible to query i iff
+  // j < (floor((i + Sk - Sq) / causal_chunk) + 1) * causal_chunk, i.e. every key of the query's own chunk of
+  // causal_chunk tokens and of the chunks before it (frame-causal video with causal_chunk = tokens per frame).
+  // 1 (the default) is plain causal. >= 1; != 1 needs causal. Last, as above.
+  int causal_chunk = 1;
 };
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
 

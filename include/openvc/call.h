@@ -47,6 +47,7 @@ struct AttentionCall {
   // Optional key block lists (block-sparse attention; attention.h, KeyBlockList): batched calls without
   // causal or seqused_k, on either path (the same blocks and order).
   KeyBlockList blocks;
+  int causal_chunk = 1;             // chunked causal (attention.h, AttentionParams::causal_chunk); with causal
 };
 
 enum class AttentionPath { kFast, kGeneral };

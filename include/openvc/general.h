@@ -63,6 +63,7 @@ struct GeneralAttentionParams {
   // bit-identical to the reference; every key masked per row past Sk, so no ascending rule here). Batched,
   // non-causal calls without seqused_k (Status::Unsupported naming `blocks` otherwise). Last, as above.
   KeyBlockList blocks;
+  int causal_chunk = 1;                // chunked causal (attention.h, AttentionParams::causal_chunk); with causal
 };
 
 Status attention_general(const GeneralAttentionParams& params, cudaStream_t stream);

@@ -141,7 +141,11 @@ int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile
 // clamp(floor((last_query_row + Sk - Sq) / key_tile) + 1, 0, ceil(Sk / key_tile)). The causal order
 // visits those blocks from the diagonal down: key_block_order(nv - 1, nv, w) = nv-1, ..., 0 for any
 // w >= 0, 0..nv-1 for natural order; the blocks after them are invisible to every row of the tile.
-int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile);
+int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile, int causal_chunk = 1);
+// Chunked causal (causal_chunk = F >= 1; F = 1 is plain causal): query row i sees the keys
+// [0, causal_key_limit), (floor((i + Sk - Sq) / F) + 1) * F clamped to [0, Sk]: its own chunk of F keys
+// and every chunk before it (aligned to the end when Sq != Sk). causal_visible_blocks takes the same F.
+int64_t causal_key_limit(int64_t row, int64_t sq, int64_t sk, int causal_chunk);
 
 // Key block lists (section 5, "Key block lists"; the kernel's KeyBlockList, in host memory): query tile qt
 // of (sequence s, head h) visits the blocks indices[row * capacity + i], i < clamp(num_blocks[row], 0,
@@ -171,6 +175,7 @@ struct AttentionOptions {
   // initializers of the fields above stay valid.
   PFormat p_format = PFormat::kExpCast;
   const KeyBlockLists* key_blocks = nullptr;   // optional block-sparse lists (above); last, as above
+  int causal_chunk = 1;         // with causal: chunked causal (causal_key_limit); last, as above
 };
 
 // Repair rows of section 6, per (sequence, head): the selected token indices (largest residual
@@ -220,7 +225,7 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
 // Exact softmax attention in FP64 on the original (unquantized) inputs, output [total_q, H, D].
 Status attention_exact(const float* q, const float* k, const float* v, const Sequences& q_seqs,
                        const Sequences& k_seqs, float softmax_scale, bool causal,
-                       std::vector<double>* out, std::vector<double>* lse = nullptr);
+                       std::vector<double>* out, std::vector<double>* lse = nullptr, int causal_chunk = 1);
 
 // ---- Section 7: VC-Attention baseline (V-Smooth + ExpCast, natural order) -----------------------
 inline constexpr int kVcClusters = 64;

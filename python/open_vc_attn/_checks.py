@@ -432,6 +432,17 @@ def mid_window(x) -> int:
     return int(x)
 
 
+def causal_chunk(x, causal) -> int:
+    """causal_chunk: an int >= 1 (1: plain causal); another value needs causal=True (numerics section 5)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"causal_chunk: expected an int >= 1 (keys per chunk; 1 is plain causal), got {type(x).__name__}")
+    if not 1 <= x <= INT_MAX:
+        raise ValueError(f"causal_chunk: expected an int in [1, 2^31), got {x}")
+    if x != 1 and not causal:
+        raise ValueError(f"causal_chunk: {x} makes a chunked causal mask, which needs causal=True")
+    return int(x)
+
+
 def bool_arg(x, name) -> bool:
     if not isinstance(x, bool):
         raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")

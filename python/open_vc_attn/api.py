@@ -261,7 +261,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
               mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, key_padding_mask=None, seqused_k=None, check_inputs=False, out_dtype=None,
               version="open-vc", mode="expcast", qk_format="e4m3", k_smoothing=False, p_format="expcast",
-              block_mask=None):
+              block_mask=None, causal_chunk=1):
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
@@ -315,6 +315,11 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     general path, where the fast path cannot take the call, visits the same blocks): not with cu_seqlens, causal,
     seqused_k / key_padding_mask, p_format "exp2" or the BF16 reference (ValueError naming block_mask).
     check_inputs=True also validates the lists' values on the host.
+
+    causal_chunk: with causal=True, key j is visible to query i iff j < (floor((i + Sk - Sq) / F) + 1) * F for
+    F = causal_chunk: every key of the query's own chunk of F keys and of the chunks before it (frame-causal
+    video, element-exact: F = tokens per frame; numerics.md section 5). 1 (default) is plain causal. Every call
+    form that takes causal takes it; the BF16 reference takes 1 only.
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
@@ -326,6 +331,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         _checks.k_smoothing(k_smoothing)
         _checks.p_format(p_format, fmt)
     opts = (scale, causal, mid, want_lse, out_dtype, qk_format, k_smoothing, p_format)
+    if reference and _checks.causal_chunk(causal_chunk, causal) != 1:
+        raise ValueError("causal_chunk: the BF16 reference (version='reference') takes plain causal only (1)")
     if block_mask is not None:   # what the op cannot see: the BF16 reference, a mask that moves keys, packing
         from . import _block_sparse
         _block_sparse.reject_with(**{"version='reference'": reference, "key_padding_mask": key_padding_mask is not None,
@@ -363,7 +370,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             blocks = _block_sparse.lists_of(block_mask, seqlen_q=int(q4.shape[1]), seqlen_k=sk, check_inputs=check_inputs,
                                             batch=b, heads=int(q4.shape[2]))
         from . import ops
-        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks)
+        out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks, causal_chunk)
         _warn_general_path(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk))
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
@@ -385,6 +392,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         return _cast_out(_sdpa.attention_bf16_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, want_lse),
                          out_dtype)
     from . import ops
-    out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, *opts)
+    out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, *opts, None, None,
+                                  causal_chunk)
     _warn_general_path(_checks.general_path_reason(int(q.shape[-1]), max_q, max_k))
     return (out, lse) if want_lse else out

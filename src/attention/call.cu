@@ -174,7 +174,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     a.softmax_scale = c.softmax_scale, a.mid_window_blocks = c.mid_window_blocks, a.causal = c.causal;
     a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k, a.num_seqs = p.num_seqs;
     a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
-    a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks;
+    a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks, a.causal_chunk = c.causal_chunk;
     OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
   } else {
     GeneralAttentionParams g;
@@ -187,6 +187,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     if (packed(c)) g.lse_stride_head = c.total_q;
     else g.lse_stride_head = c.seqlen_q, g.lse_stride_batch = int64_t(c.heads) * c.seqlen_q;
     g.softmax_scale = c.softmax_scale, g.mid_window_blocks = c.mid_window_blocks, g.blocks = c.blocks;
+    g.causal_chunk = c.causal_chunk;
     OPENVC_RETURN_IF_ERROR(attention_general(g, stream));
   }
   if (term != nullptr) {

@@ -120,6 +120,9 @@ Status check_options(const AttentionOptions& opt) {
     if (kb.batch < 1 || kb.heads < 1 || kb.q_tiles < 1 || kb.capacity < 1)
       return Status::Invalid("opt.key_blocks: batch, heads, q_tiles and capacity must be >= 1");
   }
+  if (opt.causal_chunk < 1 || (opt.causal_chunk != 1 && !opt.causal))
+    return Status::Invalid("opt.causal_chunk: must be >= 1, and != 1 only with causal, got " +
+                           std::to_string(opt.causal_chunk));
   if (!std::isfinite(opt.softmax_scale)) {
     return Status::Invalid("opt.softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(opt.softmax_scale));
@@ -196,7 +199,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
     std::fill(A_buf.begin(), A_buf.end(), 0.0);
     for (int r = 0; r < nrows; ++r) rows[r] = RowState{kNegInf, 0.0, &A_buf[static_cast<size_t>(r) * D]};
     // Causal: only the blocks the tile's last row sees, from the diagonal down (numerics section 5).
-    const int nv = opt.causal ? causal_visible_blocks(r0 + nrows - 1, sq, sk, bt) : n;
+    const int nv = opt.causal ? causal_visible_blocks(r0 + nrows - 1, sq, sk, bt, opt.causal_chunk) : n;
     const KeyBlockLists* kb = opt.key_blocks;
     const std::vector<int> order =
         kb != nullptr ? listed_block_order(kb->indices + listed_row(*kb, s, h, r0 / bt) * kb->capacity,
@@ -212,7 +215,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
       auto row_step = [&](int r, const std::vector<double>& sums) {
         const int64_t i = r0 + r;
         // Causal: keys j <= i + (sk - sq) are visible; everything from jv on is masked.
-        const int64_t jv = opt.causal ? std::min<int64_t>(j1, i + (sk - sq) + 1) : j1;
+        const int64_t jv = opt.causal ? std::min<int64_t>(j1, causal_key_limit(i, sq, sk, opt.causal_chunk)) : j1;
         if (jv <= j0) return;  // whole block masked for this row: no max update, all codes 0
         RowState& st = rows[r];
         // One multiplier per K descale of the block (section 9's key groups for INT8): a_blk[key group].
@@ -266,7 +269,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
       const int64_t t = rep->tokens[rep->offset[g] + k];
       for (int r = 0; r < nrows; ++r) {
         const int64_t i = r0 + r;
-        if (internal::key_masked(i, t, sq, sk, opt.causal)) continue;
+        if (internal::key_masked(i, t, sq, sk, opt.causal, opt.causal_chunk)) continue;
         RowState& st = rows[r];
         const float a = expcast_multiplier(tau, dq[i / q_group], dk[k_index(t)]);
         const float p = decode_table[code_of(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];

@@ -20,7 +20,7 @@ std::vector<double> head_rows(const float* x, int64_t t0, int64_t tokens, int H,
 }
 
 void exact_group(const float* q, const float* k, const float* v, const Sequences& qs, const Sequences& ks, int s,
-                 int h, double tau, bool causal, std::vector<double>* out, std::vector<double>* lse) {
+                 int h, double tau, bool causal, int chunk, std::vector<double>* out, std::vector<double>* lse) {
   const int H = qs.num_heads, D = qs.head_dim;
   const int64_t q0 = qs.cu_seqlens[s], k0 = ks.cu_seqlens[s], sq = qs.length(s), sk = ks.length(s);
   const std::vector<double> Q = head_rows(q, q0, sq, H, D, h);
@@ -46,7 +46,7 @@ void exact_group(const float* q, const float* k, const float* v, const Sequences
     double l[kRows], m[kRows];
     int64_t jmax = 0;
     for (int r = 0; r < rows; ++r) {
-      const int64_t i = i0 + r, jv = causal ? std::clamp<int64_t>(i + (sk - sq) + 1, 0, sk) : sk;
+      const int64_t i = i0 + r, jv = causal ? causal_key_limit(i, sq, sk, chunk) : sk;
       double* wr = w.data() + r * stride;
       m[r] = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < jv; ++j) {
@@ -77,12 +77,13 @@ void exact_group(const float* q, const float* k, const float* v, const Sequences
 
 Status attention_exact(const float* q, const float* k, const float* v, const Sequences& q_seqs,
                        const Sequences& k_seqs, float softmax_scale, bool causal, std::vector<double>* out,
-                       std::vector<double>* lse) {
+                       std::vector<double>* lse, int causal_chunk) {
   OPENVC_RETURN_IF_ERROR(internal::check_sequence_pair(q_seqs, k_seqs));
   if (out == nullptr) return Status::Invalid("out must not be null");
   if (q == nullptr && q_seqs.total_tokens() > 0) return Status::Invalid("q must not be null");
   if (k == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("k must not be null");
   if (v == nullptr && k_seqs.total_tokens() > 0) return Status::Invalid("v must not be null");
+  if (causal_chunk < 1) return Status::Invalid("causal_chunk: must be >= 1, got " + std::to_string(causal_chunk));
   if (!std::isfinite(softmax_scale)) {
     return Status::Invalid("softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(softmax_scale));
@@ -93,7 +94,7 @@ Status attention_exact(const float* q, const float* k, const float* v, const Seq
   if (lse) lse->assign(static_cast<size_t>(nseq) * H * q_seqs.max_length(), -std::numeric_limits<double>::infinity());
 
   internal::parallel_for(nseq * H, [&](int g) {
-    exact_group(q, k, v, q_seqs, k_seqs, g / H, g % H, tau, causal, out, lse);
+    exact_group(q, k, v, q_seqs, k_seqs, g / H, g % H, tau, causal, causal_chunk, out, lse);
   });
   return Status::Ok();
 }

@@ -80,12 +80,16 @@ int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile
   return static_cast<int>(first_query_row * sk / sq / key_tile);
 }
 
-int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile) {
+int64_t causal_key_limit(int64_t row, int64_t sq, int64_t sk, int causal_chunk) {
+  const int64_t f = std::max<int64_t>(causal_chunk, 1), p = row + (sk - sq);
+  const int64_t chunk = p >= 0 ? p / f : -((-p + f - 1) / f);   // floor(p / F)
+  return std::clamp<int64_t>((chunk + 1) * f, 0, std::max<int64_t>(sk, 0));
+}
+
+int causal_visible_blocks(int64_t last_query_row, int64_t sq, int64_t sk, int key_tile, int causal_chunk) {
   if (last_query_row < 0 || sq <= 0 || sk <= 0 || key_tile <= 0) return 0;
-  const int64_t last_key = last_query_row + (sk - sq);   // the last key the row sees
-  if (last_key < 0) return 0;
-  const int64_t n = (sk + key_tile - 1) / key_tile;
-  return static_cast<int>(std::min<int64_t>(last_key / key_tile + 1, n));
+  const int64_t limit = causal_key_limit(last_query_row, sq, sk, causal_chunk);   // keys the row sees
+  return static_cast<int>((limit + key_tile - 1) / key_tile);
 }
 
 }  // namespace openvc::reference

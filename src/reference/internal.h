@@ -15,10 +15,10 @@ inline float resolve_softmax_scale(float softmax_scale, int head_dim) {
   return softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
-// Key j is masked for query i when it lies past the sequence or, in causal mode, after the query
-// (queries aligned to the end of the keys when Sq != Sk).
-inline bool key_masked(int64_t i, int64_t j, int64_t sq, int64_t sk, bool causal) {
-  return j >= sk || (causal && j > i + (sk - sq));
+// Key j is masked for query i when it lies past the sequence or, in causal mode, past the row's limit
+// (causal_key_limit: after the query, or after its chunk; queries aligned to the end when Sq != Sk).
+inline bool key_masked(int64_t i, int64_t j, int64_t sq, int64_t sk, bool causal, int causal_chunk = 1) {
+  return j >= sk || (causal && j >= causal_key_limit(i, sq, sk, causal_chunk));
 }
 
 // Decodes the E4M3 rows of one (sequence, head): codes of token t start at base + t * stride.

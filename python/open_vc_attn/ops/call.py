@@ -3,14 +3,15 @@
 ``open_vc_attn::attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,
 int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks,
 bool return_lse, ScalarType? out_dtype=None, str qk_format="e4m3", bool k_smoothing=False,
-str p_format="expcast", Tensor? kv_num_blocks=None, Tensor? kv_indices=None) -> (out, lse)``: BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
+str p_format="expcast", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1) -> (out, lse)``:
+BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
 packed ``[total, H, D]`` with int32 offsets; out ``[B, Sq, H, D]`` / ``[total_q, H, D]`` (BF16, or out_dtype;
 packed rows no sequence covers are 0), lse float32 ``[B, H, Sq]`` / ``[H, total_q]`` (-inf there), or an
 empty ``[0]`` tensor without return_lse. softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 natural
 order. C++ prepares into one workspace tensor and attends on the fast or the general path, chosen there;
 with k_smoothing the LSE is that of the keys as given (numerics section 9). kv_num_blocks / kv_indices: key
 block lists (block-sparse attention, batched calls on the fast path; open_vc_attn.masks.check_block_lists's
-layout, contiguous; docs/block_sparse.md).
+layout, contiguous; docs/block_sparse.md). causal_chunk: chunked causal (with causal; numerics section 5).
 
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
@@ -28,15 +29,17 @@ from .fp8 import sequence_outputs
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
            "int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks, "
            "bool return_lse, ScalarType? out_dtype=None, str qk_format=\"e4m3\", bool k_smoothing=False, "
-           "str p_format=\"expcast\", Tensor? kv_num_blocks=None, Tensor? kv_indices=None) -> (Tensor, Tensor)")
+           "str p_format=\"expcast\", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1) "
+           "-> (Tensor, Tensor)")
 
 
 def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format, blocks=(None, None),
-           causal=False):
+           causal=False, causal_chunk=1):
     """The op's argument rules (api.attention leaves them to the op; C++ checks its struct on its own):
     whether the call is packed. blocks: (kv_num_blocks, kv_indices) or (None, None)."""
     fmt, _ = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     _checks.p_format(p_format, fmt)
+    _checks.causal_chunk(causal_chunk, causal)
     packed = cu_q is not None or cu_k is not None
     if packed:
         groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
@@ -67,13 +70,14 @@ def _sizes(q, packed):
 
 
 def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
-                 qk_format, k_smoothing, p_format, blocks=(None, None)):
+                 qk_format, k_smoothing, p_format, blocks=(None, None), causal_chunk=1):
     """openvc::AttentionCall of checked arguments (lse None: no LSE output)."""
     ext = _ext.load()
     packed = cu_q is not None
     c = dev.params(ext.AttentionCall, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed), k=dev.token_view(k, packed), v=dev.token_view(v, packed),
-                   causal=bool(causal), softmax_scale=float(softmax_scale), mid_window_blocks=int(mid_window_blocks),
+                   causal=bool(causal), causal_chunk=int(causal_chunk), softmax_scale=float(softmax_scale),
+                   mid_window_blocks=int(mid_window_blocks),
                    qk_format=dev.qk_format(qk_format), k_smoothing=bool(k_smoothing),
                    p_format=getattr(ext.PFormat, p_format), out=out.data_ptr(), out_dtype=dev.dtype_of(out),
                    lse=0 if lse is None else lse.data_ptr())
@@ -96,15 +100,15 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
 
 def attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                    mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                   p_format="expcast", kv_num_blocks=None, kv_indices=None):
+                   p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1):
     """The CUDA implementation of the op (registered as it is): (out, lse)."""
     varlen, blocks = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), (kv_num_blocks, kv_indices)
-    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format, blocks, causal)
+    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format, blocks, causal, causal_chunk)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     out, lse = sequence_outputs(packed, _sizes(q, packed), return_lse, dev.empty(q.device), dev.full(q.device),
                                 out_dtype)
     c = _call_struct(q, k, v, *varlen, seqused_k, softmax_scale, causal, mid_window_blocks, out,
-                     lse if return_lse else None, qk_format, k_smoothing, p_format, blocks)
+                     lse if return_lse else None, qk_format, k_smoothing, p_format, blocks, causal_chunk)
     ext = _ext.load()
     ws = dev.workspace(ext.attention_workspace_bytes(c), q.device)   # torch's blocks are 512-byte aligned
     dev.enqueue(lambda call, stream: ext.attention(call, ws.data_ptr(), ws.numel(), stream), c, q.device)
@@ -119,16 +123,16 @@ _OP = torch.ops.open_vc_attn.attention.default
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                     causal, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                    p_format="expcast", kv_num_blocks=None, kv_indices=None):
+                    p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1):
     packed = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
-                    k_smoothing, p_format, (kv_num_blocks, kv_indices), causal)
+                    k_smoothing, p_format, (kv_num_blocks, kv_indices), causal, causal_chunk)
     return sequence_outputs(packed, _sizes(q, packed), return_lse, dev.like(q), dev.like_full(q), out_dtype)
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
               out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast", kv_num_blocks=None,
-              kv_indices=None):
+              kv_indices=None, causal_chunk=1):
     """``open_vc_attn::attention``: the op's implementation directly when eager (one hop less), else the op."""
     return run(_OP, attention_cuda, (q, k, v, cu_q, cu_k, seqused_k, kv_num_blocks, kv_indices), q, k, v, cu_q, cu_k,
                max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype, qk_format,
-               k_smoothing, p_format, kv_num_blocks, kv_indices)
+               k_smoothing, p_format, kv_num_blocks, kv_indices, causal_chunk)

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "attention/sm90/traversal.h"   // causal_key_limit: the fast path's chunked-causal rule, shared
 #include "openvc/reference.h"   // kCodeBias, kLog2e: one definition for the reference and kernels
 
 namespace openvc::general {
@@ -62,6 +63,7 @@ struct KernelParams {
   const int* blk_index;
   int64_t blk_sb, blk_sh;
   int blk_cap;
+  int causal_chunk;        // causal only: chunked causal (1: plain), numerics section 5
   bool causal;
   bool out_fp16;           // out holds FP16 instead of BF16 (same strides)
 };
@@ -166,8 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
 
   // Traversal (numerics.md section 5): j0 = min(diag + w, n - 1); j0 down to 0, then j0 + 1 up.
   // Causal: only the nv blocks the tile's last row sees, from the diagonal (j0 = nv - 1) down.
-  const int64_t last_key = int64_t(r0 + rows - 1) + (sk - sq);   // the last key the tile's last row sees
-  int nv = !p.causal ? n : last_key < 0 ? 0 : int(min(last_key / kTile + 1, int64_t(n)));
+  // Causal: the blocks holding a key the tile's last row sees (chunked causal included).
+  int nv = !p.causal ? n : min((sm90::causal_key_limit(r0 + rows - 1, sq, sk, p.causal_chunk) + kTile - 1) / kTile, n);
   // Key block lists (section 5, "Key block lists"): the same order over list positions, measured from the
   // first listed block.
   const int* listed = nullptr;
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) general_attention_kernel(const Ke
       const int r = warp * (kTile / 8) + rr;
       float* prow = p_s + r * kScoreStride;
       int jv = r < rows ? kcount : 0;   // visible keys of this row in the block: [0, jv)
-      if (p.causal) jv = int(max(int64_t(0), min(int64_t(jv), int64_t(r0 + r) + (sk - sq) + 1 - kb)));
+      if (p.causal) jv = max(0, min(jv, sm90::causal_key_limit(r0 + r, sq, sk, p.causal_chunk) - kb));
       if (jv == 0) {   // uniform per warp: no visible key, no max update, all codes 0
 #pragma unroll
         for (int u = 0; u < 4; ++u) prow[lane + 32 * u] = 0.0f;

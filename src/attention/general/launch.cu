@@ -89,6 +89,8 @@ Status validate(const GeneralAttentionParams& p) {
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
   if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
     return Status::Invalid("out_dtype must be kBFloat16 or kFloat16");
+  if (p.causal_chunk < 1 || (p.causal_chunk != 1 && !p.causal))
+    return Status::Invalid("causal_chunk must be >= 1 and needs causal when != 1, got " + str(p.causal_chunk));
   if (has_block_list(p.blocks)) {
     const KeyBlockList& b = p.blocks;
     if (b.num_blocks == nullptr || b.indices == nullptr)
@@ -153,6 +155,7 @@ Status attention_general(const GeneralAttentionParams& params, cudaStream_t stre
   kp.tau = params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(static_cast<float>(in.head_dim));
   kp.mid_window = params.mid_window_blocks;
   kp.causal = params.causal;
+  kp.causal_chunk = params.causal_chunk;
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks, kp.blk_index = bl.indices, kp.blk_cap = bl.capacity;
   kp.blk_sh = bl.heads == 1 ? 0 : bl.q_tiles;

@@ -297,10 +297,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
     int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
-    if constexpr (kCausal) {
-      const int shift = w.sk - w.sq + 1, r_lo = c.qt * kBlockM + row_base + g;
-      vis_lo = min(r_lo + shift, w.sk), vis_hi = min(r_lo + 8 + shift, w.sk);
-      vis_first = min(c.qt * kBlockM + shift, w.sk);
+    if constexpr (kCausal) {   // the rows' key limits (chunked causal included), non-decreasing in the row
+      const int r_lo = c.qt * kBlockM + row_base + g;
+      vis_lo = causal_key_limit(r_lo, w.sq, w.sk, p.causal_chunk);
+      vis_hi = causal_key_limit(r_lo + 8, w.sq, w.sk, p.causal_chunk);
+      vis_first = causal_key_limit(c.qt * kBlockM, w.sq, w.sk, p.causal_chunk);
     }
     auto mask_of = [&](int blk) {
       const int k0 = blk * kBlockN;
@@ -396,16 +397,17 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       ring.advance();
     };
     int i = 1;
-    // Causal visits its masked blocks (at most two: the diagonal spans two key blocks when Sk - Sq is
-    // not a multiple of 128) first in the order from the diagonal down, last in natural order.
+    // Causal visits its masked blocks (those past the tile's first row's limit: at most two with plain
+    // causal, up to chunk / 128 + 2 where a chunk boundary crosses the tile) first in the order from the
+    // diagonal down, last in natural order.
     int last_full = clip ? 0 : n - 2;   // clip: every block through the general step
     if constexpr (kCausal) {
+      const int masked = min(n - vis_first / kBlockN, n);   // vis_first >= 0
       if (p.mid_window_blocks >= 0) {
-        if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
-        i = 2;
+        for (; i < masked; ++i) step(i, std::true_type{}, std::integral_constant<int, 1>{});
         if (!clip) last_full = n - 1;   // every later block is full, the last included
       } else if (!clip) {
-        last_full = n - 3;
+        last_full = n - 1 - masked;
       }
     }
     // The full blocks (1 .. n-2 without causal) in groups of the flush period (a flush after the

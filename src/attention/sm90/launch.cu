@@ -12,6 +12,7 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/launch.h"
+#include "attention/sm90/traversal.h"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
 
@@ -188,6 +189,10 @@ Status validate(const AttentionParams& p, bool vc) {
     if (r.rows > in.seqlen_k)
       return Status::Invalid("repair.rows (" + str(r.rows) + ") must not exceed seqlen_k (" + str(in.seqlen_k) + ")");
   }
+  if (p.causal_chunk < 1)
+    return Status::Invalid("causal_chunk must be >= 1 (1: plain causal), got " + str(p.causal_chunk));
+  if (p.causal_chunk != 1 && !p.causal)
+    return Status::Invalid("causal_chunk: only used with causal (chunked causal); causal is false");
   if (p.mid_window_blocks < kNaturalOrder)
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
   return Status::Ok();
@@ -199,7 +204,7 @@ Status validate(const AttentionParams& p, bool vc) {
 // load balance of that order from the tiles' visible key blocks (host arithmetic, no device data)
 // and picks the query-tile-major snake order (busiest 1.002x) where the default leaves more than 3%
 // on the table. Packed sequences keep the default (their lengths are device data).
-bool causal_snake_pays(int64_t seqs, int64_t heads, int64_t sq, int64_t sk, int grid) {
+bool causal_snake_pays(int64_t seqs, int64_t heads, int64_t sq, int64_t sk, int chunk, int grid) {
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), tiles = seqs * heads * nq;
   if (grid <= 1 || tiles > 200000) return false;   // many tiles per CTA: balanced either way
   constexpr double kTileOverheadBlocks = 2.0;       // prologue and epilogue, in key-block times
@@ -207,8 +212,8 @@ bool causal_snake_pays(int64_t seqs, int64_t heads, int64_t sq, int64_t sk, int 
   double total = 0.0;
   for (int64_t i = 0; i < tiles; ++i) {
     const int64_t qt = nq - 1 - i % nq;             // the default order: qt descending per (b, h)
-    const int64_t last_key = std::min(qt * kBlockM + kBlockM, sq) - 1 + (sk - sq);
-    const int64_t blocks = last_key < 0 ? 0 : std::min(last_key / kBlockN + 1, nk);
+    const int64_t limit = causal_key_limit(std::min(qt * kBlockM + kBlockM, sq) - 1, sq, sk, chunk);
+    const int64_t blocks = std::min((limit + kBlockN - 1) / kBlockN, nk);
     const double w = double(blocks) + kTileOverheadBlocks;
     load[size_t(i % grid)] += w;
     total += w;
@@ -328,7 +333,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   pl.grid = static_cast<int>(tiles < sms ? tiles : sms);
-  kp.causal_snake = params.causal && !varlen && causal_snake_pays(seqs, h, sq, sk, pl.grid);
+  kp.causal_chunk = params.causal_chunk;
+  kp.causal_snake = params.causal && !varlen && causal_snake_pays(seqs, h, sq, sk, params.causal_chunk, pl.grid);
   kp.compact_tiles = sh.packed && seqs <= kMaxCompactSeqs;   // tiles.cuh
   if (sh.packed && params.total_q == 0) pl.grid = 0;   // no query row at all
   return Status::Ok();

@@ -148,9 +148,9 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
     return w;
   }
   if constexpr (kCausal) {
-    // Blocks the tile's last row sees (numerics section 5), visited from the diagonal down.
-    const int last_key = min(r0 + kBlockM, w.sq) - 1 + (w.sk - w.sq);
-    w.n = last_key < 0 ? 0 : min(last_key / kBlockN + 1, w.n);
+    // Blocks the tile's last row sees (numerics section 5; chunked causal too), from the diagonal down.
+    const int limit = causal_key_limit(min(r0 + kBlockM, w.sq) - 1, w.sq, w.sk, p.causal_chunk);
+    w.n = min((limit + kBlockN - 1) / kBlockN, w.n);
     w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
   } else {
     // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the

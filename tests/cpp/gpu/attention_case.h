@@ -50,6 +50,7 @@ struct Case {
   // Key block lists (batched, either path): the kernel and the reference visit the same lists; exact
   // attention has no block mask, so only the reference on the same codes is compared.
   const BlockLists* blocks = nullptr;
+  int causal_chunk = 1;             // with causal: chunked causal (numerics section 5)
 };
 
 inline std::vector<int> offsets(const std::vector<int>& lens) {
@@ -93,7 +94,7 @@ inline void run_case(const Case& c) {
   SCOPED_TRACE(::testing::Message() << (fast ? "fast " : "general ") << (c.packed ? "packed" : "batched")
                                     << (c.slot_k ? " seqused_k" : "") << " nseq=" << nseq << " Sq0="
                                     << c.lens_q[0] << " Sk0=" << c.lens_k[0] << " H=" << H << " D=" << D
-                                    << (c.causal ? " causal" : "") << " w=" << c.mid_window
+                                    << (c.causal ? " causal" : "") << " chunk=" << c.causal_chunk << " w=" << c.mid_window
                                     << (c.video ? " video" : " normal"));
   const ref::Sequences qs = sequences(c.lens_q, H, D), ks = sequences(c.lens_k, H, D);
   const int total_q = qs.total_tokens(), total_k = ks.total_tokens();
@@ -116,6 +117,7 @@ inline void run_case(const Case& c) {
   opt.mid_window_blocks = c.mid_window;
   opt.causal = c.causal;
   opt.softmax_scale = c.softmax_scale;
+  opt.causal_chunk = c.causal_chunk;
   const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
   if (c.blocks) opt.key_blocks = &host_blocks;
   ref::AttentionResult want;
@@ -165,6 +167,7 @@ inline void run_case(const Case& c) {
   p.in.q_codes = dq.ptr(), p.in.q_descale = dqs.ptr(), p.in.k_codes = dk.ptr(), p.in.k_descale = dks.ptr();
   p.in.v_packed = dv.ptr(), p.in.v_descale = dvs.ptr();
   p.causal = c.causal;
+  p.causal_chunk = c.causal_chunk;
   p.out = dout.p;
   p.out_stride_seq = s_seq, p.out_stride_head = s_head;
   p.lse = dlse.as<float>();
@@ -192,7 +195,7 @@ inline void run_case(const Case& c) {
     f.out = p.out, f.out_stride_batch = p.out_stride_batch, f.out_stride_seq = p.out_stride_seq;
     f.out_stride_head = p.out_stride_head;
     f.lse = p.lse, f.softmax_scale = p.softmax_scale, f.mid_window_blocks = p.mid_window_blocks;
-    f.causal = p.causal;
+    f.causal = p.causal, f.causal_chunk = p.causal_chunk;
     f.cu_seqlens_q = p.cu_seqlens_q, f.cu_seqlens_k = p.cu_seqlens_k;
     f.num_seqs = p.num_seqs, f.max_seqlen_q = p.max_seqlen_q, f.max_seqlen_k = p.max_seqlen_k;
     f.total_q = p.total_q, f.total_k = p.total_k;
@@ -293,7 +296,7 @@ inline void run_case(const Case& c) {
   // the output and for the LSE (the exact log-sum-exp).
   std::vector<double> exact, exact_lse;
   ASSERT_TRUE(ref::attention_exact(q.data(), k.data(), v.data(), qs, ks, c.softmax_scale, c.causal, &exact,
-                                   &exact_lse).ok());
+                                   &exact_lse, c.causal_chunk).ok());
   const ref::ErrorMetrics ek = ref::compare(got.data(), exact.data(), int64_t(n));
   const ref::ErrorMetrics er = ref::compare(want.out.data(), exact.data(), int64_t(n));
   EXPECT_LE(ek.rel_l2, 1.1 * er.rel_l2 + (fast ? 1e-3 : 1e-4));

@@ -55,6 +55,27 @@ TEST(Sm90Modes, CausalCross) {
   run_case(batched(1, 200, 4000, 1, 128, true, 4, false, kFast));   // many full blocks behind the diagonal
 }
 
+// Chunked causal (numerics section 5): every key of the query's own chunk and the chunks before it.
+// Chunks of 300 and 1,560 tokens (not multiples of 128: tiles straddling a chunk edge mask up to chunk / 128
+// + 2 blocks per row), Sq != Sk, both orders, head dim 64, packed with key counts; fast and general paths.
+TEST(Sm90Modes, ChunkedCausal) {
+  SKIP_WITHOUT_SM90();
+  for (Path path : {kFast, Path::kGeneral}) {
+    Case c = batched(2, 1000, 1000, 2, 128, true, 4, true, path);
+    c.causal_chunk = 300;
+    run_case(c);
+    c = batched(1, 2000, 3200, 1, 64, true, ref::kNaturalOrder, false, path);   // Sq < Sk
+    c.causal_chunk = 1560;
+    run_case(c);
+    c = batched(1, 1500, 700, 2, 128, true, 4, true, path);   // Sq > Sk: the first rows see no key
+    c.causal_chunk = 250;
+    run_case(c);
+    c = packed({1000, 0, 700}, {1000, 0, 900}, 2, true, 4, false);
+    c.path = path, c.causal_chunk = 129;
+    run_case(c);
+  }
+}
+
 TEST(Sm90Modes, PackedUneven) {
   SKIP_WITHOUT_SM90();
   run_case(packed({1, 300, 1000}, {1000, 300, 1}, 2, false, 4, true));

@@ -340,6 +340,40 @@ TEST(Attention, KeyBlockLists) {
   EXPECT_EQ(attention_expcast(p.in, listed, &got).code(), StatusCode::kUnsupported);
 }
 
+// Chunked causal (section 5): the key limits, chunk 1 is plain causal bit for bit, and a chunk of 300 keys
+// is as accurate against exact chunked-causal attention as plain causal against exact causal.
+TEST(Attention, ChunkedCausal) {
+  EXPECT_EQ(causal_key_limit(0, 10, 10, 1), 1);
+  EXPECT_EQ(causal_key_limit(0, 10, 10, 4), 4);     // row 0's chunk: keys 0..3
+  EXPECT_EQ(causal_key_limit(4, 10, 10, 4), 8);
+  EXPECT_EQ(causal_key_limit(9, 10, 10, 4), 10);    // clamped to Sk
+  EXPECT_EQ(causal_key_limit(0, 10, 6, 4), 0);      // Sq > Sk: p = -4 is chunk -1
+  EXPECT_EQ(causal_key_limit(3, 10, 6, 4), 0);      // p = -1: chunk -1 too
+  EXPECT_EQ(causal_key_limit(4, 10, 6, 4), 4);      // p = 0: chunk 0, keys 0..3
+  Problem p = make_problem({1000}, {1000}, 2, 128, 29);
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionResult plain, chunk1, chunked;
+  ASSERT_TRUE(attention_expcast(p.in, causal, &plain).ok());
+  causal.causal_chunk = 1;
+  ASSERT_TRUE(attention_expcast(p.in, causal, &chunk1).ok());
+  EXPECT_EQ(plain.out, chunk1.out);
+  causal.causal_chunk = 300;
+  ASSERT_TRUE(attention_expcast(p.in, causal, &chunked).ok());
+  std::vector<double> exact, exact_plain;
+  ASSERT_TRUE(attention_exact(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, 0.0f, true, &exact, nullptr, 300).ok());
+  ASSERT_TRUE(attention_exact(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, 0.0f, true, &exact_plain).ok());
+  const ErrorMetrics e = compare(chunked.out.data(), exact.data(), int64_t(exact.size()));
+  const ErrorMetrics e1 = compare(plain.out.data(), exact_plain.data(), int64_t(exact.size()));
+  const ErrorMetrics cross = compare(chunked.out.data(), exact_plain.data(), int64_t(exact.size()));
+  std::printf("[ chunked causal 300 ] vs exact chunked %.5f (plain causal vs exact %.5f; vs exact plain %.5f)\n",
+              e.rel_l2, e1.rel_l2, cross.rel_l2);
+  EXPECT_LT(e.rel_l2, 1.5 * e1.rel_l2 + 1e-3);
+  EXPECT_GT(cross.rel_l2, 10 * e.rel_l2);   // the chunk really changes the mask
+  causal.causal = false;   // a chunk needs causal
+  EXPECT_EQ(attention_expcast(p.in, causal, &chunked).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(Attention, EndToEndS4096Timing) {
   Problem p = make_problem({4096}, {4096}, 2, 128, 33);
   AttentionResult r;
