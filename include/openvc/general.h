@@ -46,7 +46,7 @@ struct GeneralAttentionParams {
   // Optional per-sequence key counts (device int32 [num_seqs] or [batch]): keys at or past
   // seqused_k[s] of sequence s are masked (code 0). Batched or packed; null: every key is used.
   const int* seqused_k = nullptr;
-  // BF16 output. Batched: [B, Sq, H, D] at out + b*stride_batch + i*stride_seq + h*stride_head.
+  // Output of out_dtype (below). Batched: [B, Sq, H, D] at out + b*stride_batch + i*stride_seq + h*stride_head.
   // Packed: [total_q, H, D] at out + t*stride_seq + h*stride_head (t = cu_seqlens_q[s] + i;
   // stride_batch ignored). Elements; the head dim is contiguous.
   void* out = nullptr;

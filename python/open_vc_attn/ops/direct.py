@@ -3,8 +3,8 @@
 A ``torch.library.custom_op`` call goes through torch's dispatcher into Python twice (the Autograd kernel
 that custom_op registers, then the CUDA kernel, which also compares the storages of every input and output
 to rule out aliasing): measured at 25-50 us of host time per op call (tests on the CPU build of torch
-2.11; scripts/device/dispatch_floor.py measures it on the GPU machine), and one :func:`open_vc_attn.attention`
-makes two. Nothing in a plain eager call needs that hop, so :func:`run` calls the op's CUDA
+2.11; scripts/device/dispatch_floor.py measures it on the GPU machine), which a short call pays in full.
+Nothing in a plain eager call needs that hop, so :func:`run` calls the op's CUDA
 implementation (:mod:`.fp8`, :mod:`.call`) directly, the same code with the same checks, when :func:`eager`
 holds; and the op otherwise (torch.compile and jit tracing, dispatch and function modes such as FakeTensorMode or
 FlopCounterMode, functorch transforms, tensor subclasses), where the op is what those machineries handle.
