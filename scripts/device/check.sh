@@ -272,7 +272,7 @@ step_integrations() {
    cd /tmp && timeout 400 "$PY" -m pytest -q -rs -s -p no:cacheprovider "$REPO/tests/python/test_integrations_policy.py" \
      "$REPO/tests/python/test_integrations_diffusers.py" "$REPO/tests/python/test_integrations_sglang.py" \
      "$REPO/tests/python/test_integrations_yunchang.py" "$REPO/tests/python/test_integrations_diffusers_cp.py" \
-     >> "$OUT/integrations.log" 2>&1 || rc=1
+     "$REPO/tests/python/test_integrations_diffusers_masks.py" >> "$OUT/integrations.log" 2>&1 || rc=1
    grep -E "passed|failed|SKIPPED|FAILED|Error|sglang attention backends|Wan random" "$OUT/integrations.log" | tail -20
    cd "$REPO"
    for ex in "diffusers_wan.py --frames 11 --json $OUT/diffusers_wan_17k.json" \

@@ -271,9 +271,9 @@ def test_choices_are_per_owner_and_call_class_and_resettable(torch, af):
     cc, _, fast = choose(af, torch, store, a, {"e4m3": 0.2}, causal=True)      # another class of a's calls
     assert fast.calls and ca.policy.qk_format == "e4m3" and cb.policy.qk_format == "int8"
     assert cc.policy.qk_format == "int8"
-    assert store.choices(a) == {(False, False, False, False): ca, (True, False, False, False): cc}
+    assert store.choices(a) == {(False,) * 5: ca, (True, False, False, False, False): cc}
     store.reset(a)
-    assert store.choices(a) == {} and store.choices(b) == {(False, False, False, False): cb}
+    assert store.choices(a) == {} and store.choices(b) == {(False,) * 5: cb}
     _, _, fast = choose(af, torch, store, a, {"e4m3": 0.2})
     assert fast.calls                                     # chose again
     store.reset()

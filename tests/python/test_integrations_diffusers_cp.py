@@ -5,8 +5,9 @@ Ulysses all-to-all or ring loop, degree 2) and the openvc backend applied, openv
 exact attention with its LSE (the device check bypassed). Each rank's output is compared with the same
 model run in one process without parallelism, and the routing counts show where each local call went:
 openvc (every ring step), or, with thresholds no call meets, the fallback (native SDPA under Ulysses,
-exact attention with LSE in the ring). Skips without torch or diffusers. This file, run as a script, is
-those workers.
+exact attention with LSE in the ring). With apply(model, block_mask=frame-causal mask), Ulysses' local calls
+(the whole sequence, half the heads) are block-sparse, the stand-in attending the mask's blocks. Skips
+without torch or diffusers. This file, run as a script, is those workers.
 """
 import json
 import pathlib
@@ -24,7 +25,8 @@ HERE = pathlib.Path(__file__).resolve()
     (2, 1, "openvc", "apply-then-enable"),
     (1, 2, "openvc", "enable-then-apply"),
     (1, 2, "fallback", "apply-then-enable"),
-], ids=["ulysses2-openvc", "ring2-openvc", "ring2-fallback"])
+    (2, 1, "block_mask", "apply-then-enable"),
+], ids=["ulysses2-openvc", "ring2-openvc", "ring2-fallback", "ulysses2-block-mask"])
 def test_context_parallel_two_processes(tmp_path, ulysses, ring, route, order):
     pytest.importorskip("torch")
     pytest.importorskip("diffusers", reason="diffusers is not installed")
@@ -42,6 +44,8 @@ def test_context_parallel_two_processes(tmp_path, ulysses, ring, route, order):
         # self-attention: one local call per ring step (Ulysses: one); text cross-attention: one, unparallel
         if route == "openvc":
             assert paths == {"openvc": ring, "fallback": 1}, r
+        elif route == "block_mask":
+            assert paths == {"openvc-block-sparse": 1, "fallback": 1}, r
         else:
             assert paths == {"fallback": ring + 1}, r
 
@@ -66,11 +70,22 @@ def _worker(rank, world, ulysses, ring, route, order, port, out_path):
     from open_vc_attn.integrations import _exact, policy
     from open_vc_attn.integrations import diffusers as ovd
     policy._device_reason = lambda device: None
-    ovd._fast_attention = lambda q, k, v, scale, return_lse=False, **fmt: (
-        _exact.attention_with_lse(q, k, v, scale=scale) if return_lse else
-        _exact.attention_with_lse(q, k, v, scale=scale)[0])
-    thresholds = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64) if route == "openvc" else \
-        policy.DispatchPolicy(min_query_tokens=100000, min_key_tokens=1)
+
+    def fast(q, k, v, scale, return_lse=False, block_mask=None, **fmt):
+        keep = None
+        if block_mask is not None:   # the listed blocks, whole (here one 128-token block: the routes show the mask)
+            keep = block_mask.to_dense()[0, 0].bool().repeat_interleave(128, 0).repeat_interleave(128, 1)
+            keep = keep[None, None, :q.shape[1], :k.shape[1]]
+        res = _exact.attention_with_lse(q, k, v, scale=scale, attn_mask=keep)
+        return res if return_lse else res[0]
+
+    ovd._fast_attention = fast
+    thresholds = policy.DispatchPolicy(min_query_tokens=100000, min_key_tokens=1) if route == "fallback" else \
+        policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64)
+    mask = None
+    if route == "block_mask":
+        from open_vc_attn import masks
+        mask = masks.frame_causal(2, 64, device="cpu")      # the 2 latent frames of 8 x 8 tokens below
 
     torch.manual_seed(0)
     model = WanTransformer3DModel(num_attention_heads=4, attention_head_dim=128, in_channels=16, out_channels=16,
@@ -81,18 +96,18 @@ def _worker(rank, world, ulysses, ring, route, order, port, out_path):
                   timestep=torch.tensor([500]), encoder_hidden_states=torch.randn(1, 16, 32, generator=g).to(
                       torch.bfloat16), return_dict=False)
     parallel = copy.deepcopy(model)
-    ovd.apply(model, policy=thresholds)
+    ovd.apply(model, policy=thresholds, block_mask=mask)
     with torch.inference_mode():
         ref = model(**inputs)[0]
 
     mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
     config = ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses, mesh=mesh)
     if order == "apply-then-enable":
-        ovd.apply(parallel, policy=thresholds)
+        ovd.apply(parallel, policy=thresholds, block_mask=mask)
         parallel.enable_parallelism(config=config)
     else:
         parallel.enable_parallelism(config=config)
-        ovd.apply(parallel, policy=thresholds)
+        ovd.apply(parallel, policy=thresholds, block_mask=mask)
     ovd.reset_stats()
     with torch.inference_mode():
         out = parallel(**inputs)[0]

@@ -12,12 +12,14 @@ Candidates, fastest first (complete calls at S = 32,760, H = 40 on the H200, doc
 session): E4M3 17.77 ms; INT8 + K smoothing 19.84 ms (0.90x E4M3's speed); INT8 + K smoothing + exp2 P
 24.93 ms (0.71x). A call that returns its LSE (ring attention merges by it) tries the same formats:
 open_vc_attn.attention returns the LSE of the keys as given with K smoothing (docs/numerics.md section 9).
-INT8 is dropped past the fast path's size range (it has no general path). E4M3 + K smoothing is no
+INT8 is dropped past the fast path's size range (it has no general path), exp2 P for a block-sparse call
+(open_vc_attn.attention does not combine them); the exact rows of a block-sparse call see its listed blocks
+whole, the attention openvc computes. E4M3 + K smoothing is no
 candidate: it helps only where K has a channel offset, and there INT8 + K smoothing is far more accurate
 (docs/performance.md: 8.11% against 3.80%) at 0.90x the time.
 
 Keying: one choice per (module, call class), the class being (causal, key padding mask, LSE returned,
-packed). A format's error follows the module's q/k statistics (its weights), which its calls at other
+packed, block mask). A format's error follows the module's q/k statistics (its weights), which its calls at other
 lengths and steps share; causal, masked and packed calls are other attention problems, and an LSE call
 is kept apart too (its consumer, a ring merge, is another use of the result). Not keyed by shape: a new resolution does not choose again (choosing costs up to
 3 calls and a host read). Reset: :meth:`AutoChoices.reset` (the integrations' ``reset_auto``).
@@ -102,10 +104,25 @@ def _key_bias(mask, batch, keys, torch):
     return flat.float()
 
 
-def _exact_rows(q, k, v, b, i, h, scale, causal, bias, lo, hi, torch):
+def _block_rows(block_mask, b, i, h, keys, torch):
+    """The keys each sampled row (b[n], i[n], h[n]) sees under a BlockMask as openvc applies it (every listed
+    128-key block of the row's query tile whole, open_vc_attn.masks.block_lists): bool [n, Sk]."""
+    from .. import masks
+    counts, indices = masks.block_lists(block_mask)
+    bb = b if counts.shape[0] > 1 else torch.zeros_like(b)      # dims of 1 broadcast over batch and heads
+    hh = h if counts.shape[1] > 1 else torch.zeros_like(h)
+    row = (bb, hh, torch.div(i, masks.BLOCK_SIZE, rounding_mode="floor"))
+    tiles = indices.shape[-1]
+    listed = torch.arange(tiles, device=b.device)[None, :] < counts[row][:, None]
+    seen = torch.zeros(b.numel(), tiles + 1, dtype=torch.bool, device=b.device)
+    seen.scatter_(1, torch.where(listed, indices[row].long(), tiles), True)
+    return seen[:, :tiles].repeat_interleave(masks.BLOCK_SIZE, dim=1)[:, :keys]
+
+
+def _exact_rows(q, k, v, b, i, h, scale, causal, bias, lo, hi, torch, seen=None):
     """Exact attention of rows (b[n], i[n], h[n]) of q [B, Sq, H, D] over k, v [B, Sk, H, D]: [n, Dv] FP32.
     causal: key j visible iff j <= i + Sk - Sq; bias [B, Sk] additive; lo, hi [n]: each row's key range
-    (packed sequences). A row that sees no key is 0."""
+    (packed sequences); seen: bool [n, Sk], the keys of each row (block masks). A row that sees no key is 0."""
     n, sq, sk = b.numel(), q.shape[1], k.shape[1]
     qs = q[b, i, h].float()
     out = torch.empty(n, v.shape[3], dtype=torch.float32, device=q.device)
@@ -121,6 +138,8 @@ def _exact_rows(q, k, v, b, i, h, scale, causal, bias, lo, hi, torch):
             s = s.masked_fill(j > i[sl, None] + (sk - sq), float("-inf"))
         if lo is not None:
             s = s.masked_fill((j < lo[sl, None]) | (j >= hi[sl, None]), float("-inf"))
+        if seen is not None:
+            s = s.masked_fill(~seen[sl], float("-inf"))
         m = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - m.masked_fill(torch.isinf(m), 0.0)[:, None])         # rows that see nothing: 0
         out[sl] = torch.bmm(p[:, None, :], vs)[:, 0]
@@ -135,7 +154,7 @@ def _rel_l2(rows, exact, valid, torch):
     return torch.where(den > 0, num / den.clamp_min(1e-30), torch.where(num > 0, math.inf, 0.0))
 
 
-def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, cu_seqlens, lengths):
+def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, cu_seqlens, lengths, block_mask):
     import torch
     if _capturing(torch):
         raise RuntimeError("qk_format='auto': this attention module has not chosen its format yet, and choosing "
@@ -150,6 +169,8 @@ def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, c
     candidates = CANDIDATES
     if not _checks.fast_path_range(*(lengths or (sq, sk))):
         candidates = tuple(c for c in candidates if c[1] != "int8")
+    if block_mask is not None:   # block lists do not combine with exp2 P (open_vc_attn.attention)
+        candidates = tuple(c for c in candidates if c[3] != "exp2")
     b, i, h = (torch.tensor(col, dtype=torch.long, device=q.device) for col in zip(*sample_rows(batch, sq, heads)))
     bias = None if key_padding_mask is None else _key_bias(key_padding_mask, batch, sk, torch)
     lo = hi = valid = None
@@ -158,7 +179,8 @@ def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, c
         seq = (torch.searchsorted(cu, i, right=True) - 1).clamp(0, cu.numel() - 2)
         lo, hi = cu[seq], cu[seq + 1]
         valid = ((i >= lo) & (i < hi)).float()   # rows past the last sequence are no attention rows
-    exact = _exact_rows(q4, k4, v4, b, i, h, scale, causal, bias, lo, hi, torch)
+    seen = None if block_mask is None else _block_rows(block_mask, b, i, h, sk, torch)
+    exact = _exact_rows(q4, k4, v4, b, i, h, scale, causal, bias, lo, hi, torch, seen)
     errors, results, policies = [], [], []
     for _, fmt, smooth, pfmt in candidates:
         pol = dataclasses.replace(policy, qk_format=fmt, k_smoothing=smooth, p_format=pfmt)
@@ -184,7 +206,7 @@ class AutoChoices:
         self._by_owner = weakref.WeakKeyDictionary()
 
     def choices(self, owner) -> dict:
-        """{(causal, masked, lse, packed): Choice} of one owner."""
+        """{(causal, masked, lse, packed, block_mask): Choice} of one owner."""
         return dict(self._by_owner.get(owner, {}))
 
     def reset(self, owner=None):
@@ -195,7 +217,7 @@ class AutoChoices:
             self._by_owner.pop(owner, None)
 
     def choose(self, owner, policy, run, q, k, v, *, scale=None, causal=False, key_padding_mask=None,
-               return_lse=False, cu_seqlens=None, lengths=None):
+               return_lse=False, cu_seqlens=None, lengths=None, block_mask=None):
         """``(choice, result)`` for an openvc call of ``owner`` under the auto ``policy``: the kept choice and
         None, or on the owner's first call of this class the new choice and, when it is a format, ``run``'s
         result in that format for this call (else None: the caller runs the framework's attention).
@@ -204,14 +226,16 @@ class AutoChoices:
         returns from openvc: the output [B, Sq, H, D] (packed: [T, H, D]), or (output, lse) with
         return_lse. q, k, v: [B, S, H, D] or packed [T, H, D] with cu_seqlens (int32 offsets shared by
         queries and keys); scale None: 1/sqrt(D); key_padding_mask: as choose_path takes it; lengths:
-        (Sq, Sk) per sequence for the INT8 range rule (default: q's and k's)."""
+        (Sq, Sk) per sequence for the INT8 range rule (default: q's and k's); block_mask: the FlexAttention
+        BlockMask of a block-sparse call (batched), whose listed blocks the exact rows see whole, as openvc does."""
         if owner is None:
             raise RuntimeError("qk_format='auto' needs the attention module of the call (an integration bug)")
-        cls = (bool(causal), key_padding_mask is not None, bool(return_lse), cu_seqlens is not None)
+        cls = (bool(causal), key_padding_mask is not None, bool(return_lse), cu_seqlens is not None,
+               block_mask is not None)
         known = self._by_owner.get(owner)
         if known is not None and cls in known:
             return known[cls], None
         choice, result = _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, cu_seqlens,
-                                 lengths)
+                                 lengths, block_mask)
         self._by_owner.setdefault(owner, {})[cls] = choice
         return choice, result

@@ -4,10 +4,10 @@ diffusers' transformers (Wan, HunyuanVideo, LTX, ...) compute q, k, v and call
 ``diffusers.models.attention_dispatch.dispatch_attention_fn``, which runs the function registered for the
 active backend. :func:`register` adds openvc's function to that registry under the name ``"openvc"``; it
 sends each call that openvc's fast path takes (:func:`open_vc_attn.integrations.policy.choose_path`: long,
-self-attention with head dim 128 or 64 on Hopper, unmasked or with a key padding mask, causal too) to
-:func:`open_vc_attn.attention`, and every other call (text/image cross-attention with few keys, short
-sequences, per-query or per-head masks, other head dims) to
-a diffusers backend, ``"native"`` (torch SDPA) unless told otherwise.
+self-attention with head dim 128 or 64 on Hopper, unmasked or with a key padding mask, causal too, or with a
+FlexAttention BlockMask as attn_mask) to :func:`open_vc_attn.attention`, and every other call (text/image
+cross-attention with few keys, short sequences, per-query or per-head masks, other head dims) to a diffusers
+backend, ``"native"`` (torch SDPA) unless told otherwise (a BlockMask: ``"flex"``).
 
 Three ways to turn it on:
 - :func:`apply` (a pipeline or one model): ``apply(pipe)`` wraps the attention processors of every
@@ -26,7 +26,8 @@ Three ways to turn it on:
 choose its format on its first openvc call (:mod:`._auto_format`; :func:`reset_auto` forgets the choices),
 and ``apply(pipe, bf16_steps=N)`` runs the pipeline's first N denoising steps on the fallback backend (a
 replaced processor: its original's SDPA call) (:mod:`._diffusers_steps`). Both decide in :func:`_decide`,
-which the backend function and the replaced processors share.
+which the backend function and the replaced processors share. ``apply(pipe, block_mask=mask)`` makes the
+model's calls of the mask's lengths block-sparse; :mod:`._diffusers_masks` has the rules of both mask forms.
 
 Context parallelism (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
 ring_degree=...))``): the backend is registered as supporting it; diffusers' own Ulysses all-to-all and
@@ -51,10 +52,14 @@ import functools
 import warnings
 import weakref
 
+from .._block_sparse import is_block_mask as _is_block_mask
 from . import _auto_format
 from . import _diffusers_cp
+from . import _diffusers_masks
 from . import _diffusers_processors
 from . import _diffusers_steps
+from ._diffusers_wrap import NO_BACKEND_ATTR as _NO_BACKEND_ATTR, OpenVCProcessor as _OpenVCProcessor
+from ._diffusers_wrap import wrapper_class as _wrapper_class
 from . import _versions
 from . import policy as _policy
 
@@ -134,12 +139,13 @@ def _dispatch():
 # ---- the backend function ------------------------------------------------------------------------------
 
 def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3",
-                    k_smoothing=False, p_format="expcast"):
-    """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask and causal as the policy
-    took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
+                    k_smoothing=False, p_format="expcast", block_mask=None):
+    """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask, causal or a BlockMask as the
+    policy took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, key_padding_mask=attn_mask,
-                                  causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
+                                  causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format,
+                                  block_mask=block_mask)
 
 
 def _record(path, reason, routes=None):
@@ -157,11 +163,14 @@ def _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, en
     return dispatch.dispatch_attention_fn(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
         enable_gqa=enable_gqa, attention_kwargs={"return_lse": True} if return_lse else None,
-        backend=dispatch.AttentionBackendName(_state.fallback), parallel_config=parallel_config)
+        backend=dispatch.AttentionBackendName(_diffusers_masks.fallback_backend(attn_mask, _state.fallback)),
+        parallel_config=parallel_config)
 
 
-def _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy):
+def _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, policy, block_mask=None):
     fmt = policy.openvc_kwargs()
+    if block_mask is not None:          # the call's attn_mask (then not a key mask) or the model's attached one
+        return _fast_attention(query, key, value, scale, return_lse, block_mask=block_mask, **fmt)
     if attn_mask is not None or is_causal:
         return _fast_attention(query, key, value, scale, return_lse, attn_mask, is_causal, **fmt)
     return _fast_attention(query, key, value, scale, return_lse, **fmt)
@@ -171,22 +180,27 @@ def _decide(policy, routes, owner, run, query, key, value, attn_mask=None, is_ca
             scale=None, return_lse=False):
     """The decision every routed call shares: the policy's path, the first BF16 steps of ``routes``' pipeline
     (bf16_steps), and with ``qk_format="auto"`` the format ``owner`` (the wrapped or replaced processor)
-    chose for this call class. Counts the call. Returns ``run(format policy)``'s result (the openvc call), or
-    None when the call goes to the fallback."""
-    path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask, causal=is_causal,
-                                       dropout_p=dropout_p, policy=policy)
+    chose for this call class. Counts the call (a block-sparse one under its own path). Returns
+    ``run(format policy, block mask or None)``'s result (the openvc call), or None when the call goes to the
+    fallback."""
+    blocks = _diffusers_masks.mask_of(routes.block_mask if routes is not None else None, query, key, attn_mask,
+                                      is_causal)
+    path, reason = _policy.choose_path(query, key, value, attn_mask=attn_mask if blocks is None else blocks,
+                                       causal=is_causal, dropout_p=dropout_p, policy=policy)
     steps = routes.steps if routes is not None else None
     if path == _policy.OPENVC and steps is not None and steps.bf16_now():
         path, reason = _policy.FALLBACK, steps.reason        # apply(pipe, bf16_steps=N)
     res = None
     if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
-        choice, res = _auto.choose(owner, policy, run, query, key, value, scale=scale, causal=is_causal,
-                                   key_padding_mask=attn_mask, return_lse=return_lse)
+        choice, res = _auto.choose(owner, policy, lambda pol: run(pol, blocks), query, key, value, scale=scale,
+                                   causal=is_causal, key_padding_mask=attn_mask if blocks is None else None,
+                                   return_lse=return_lse, block_mask=blocks)
         path, reason, policy = choice.path, choice.reason, choice.policy
-    _record(path, reason, routes)
+    sparse = path == _policy.OPENVC and blocks is not None
+    _record(_diffusers_masks.BLOCK_SPARSE if sparse else path, reason, routes)
     if path != _policy.OPENVC:
         return None
-    return res if res is not None else run(policy)
+    return res if res is not None else run(policy, blocks)
 
 
 def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -194,7 +208,8 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     """One attention on this process's tensors ([B, S, H, D]): openvc when the policy takes it, else the
     fallback backend. With return_lse, (out, lse [B, Sq, H] float32): diffusers' layout."""
     res = _decide(_state.policy, _state.routes, _state.module,
-                  lambda pol: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol),
+                  lambda pol, blocks: _openvc_call(query, key, value, scale, return_lse, attn_mask, is_causal, pol,
+                                                   blocks),
                   query, key, value, attn_mask, is_causal, dropout_p, scale, return_lse)
     if res is not None:
         out, lse = res if return_lse else (res, None)
@@ -206,6 +221,9 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
         if dropout_p:
             raise ValueError(f"dropout_p: {dropout_p} with return_lse is not supported by the openvc backend "
                              f"(inference only)")
+        if attn_mask is not None and _is_block_mask(attn_mask):    # flex applies it (with mask_mod)
+            out, lse = _diffusers_masks.flex_with_lse(query, key, value, attn_mask, scale)
+            return out, lse.transpose(1, 2).contiguous()
         from . import _exact
         out, lse = _exact.attention_with_lse(query, key, value, scale=scale, causal=is_causal,
                                              attn_mask=attn_mask)
@@ -220,7 +238,7 @@ def _direct_attention(policy, routes, owner, query, key, value, native, key_mask
     dtype, True) from openvc when :func:`_decide` takes the call, else (``native()``, False): the original
     processor's own SDPA call. Counted like every call."""
     out = _decide(policy if policy is not None else _state.policy, routes, owner,
-                  lambda pol: _openvc_call(query, key, value, None, False, key_mask, False, pol),
+                  lambda pol, blocks: _openvc_call(query, key, value, None, False, key_mask, False, pol, blocks),
                   query, key, value, key_mask)
     if out is None:
         return native(), False
@@ -233,6 +251,12 @@ def _openvc_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     if _parallel_config is None:
         return _local_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                 return_lse)
+    if attn_mask is not None and _is_block_mask(attn_mask):
+        # A shard's keys are not the mask's, and diffusers has no backend for this either (flex has no context
+        # parallelism): an error, rather than a fallback that would attend one shard only.
+        raise ValueError("attn_mask: a FlexAttention BlockMask is not supported under context parallelism (nor by "
+                         "diffusers' flex backend); attach it with apply(model, block_mask=...), which applies it "
+                         "to Ulysses calls of the mask's lengths")
     if is_causal or enable_gqa:
         # diffusers' context-parallel templates take neither: the fallback backend runs the whole call.
         _record(_policy.FALLBACK, "context parallel with " + ("causal" if is_causal else "enable_gqa"))
@@ -356,6 +380,7 @@ class _ModelRoutes:
         self.decided = False
         self.hook = None
         self.steps = None                   # the pipeline's _diffusers_steps.StepCounter (bf16_steps)
+        self.block_mask = None              # apply(..., block_mask=): a BlockMask for calls of its lengths
 
     def after_forward(self, module, args, output):
         if self.decided or not self.counts:
@@ -363,7 +388,7 @@ class _ModelRoutes:
         if self.steps is not None and self.steps.bf16_now():
             return                          # a BF16 first step: openvc was not to be used
         self.decided = True
-        if any(path == _policy.OPENVC for path, _ in self.counts):
+        if any(path != _policy.FALLBACK for path, _ in self.counts):     # openvc, dense or block-sparse
             return
         total = sum(self.counts.values())
         reasons = "; ".join(f"{why} ({n})" for (_, why), n in self.counts.most_common())
@@ -374,56 +399,10 @@ class _ModelRoutes:
 
 
 _routes_of = weakref.WeakKeyDictionary()     # wrapped model -> its _ModelRoutes
-_NO_BACKEND_ATTR = object()     # what _OpenVCProcessor saves for processors without _attention_backend
-
-
-class _OpenVCProcessor:
-    """Wraps one attention processor: its calls run with openvc as the active backend and the processor's
-    own backend (if any) as the fallback. ``_attention_backend`` reads and writes that fallback, so a later
-    ``set_attention_backend`` on the model changes the general path of the wrapped modules; every other
-    attribute (``_parallel_config``, which ``enable_parallelism`` sets, ...) is the inner processor's."""
-
-    def __init__(self, inner, policy, routes):
-        object.__setattr__(self, "_openvc_inner", inner)
-        object.__setattr__(self, "_openvc_policy", policy)
-        object.__setattr__(self, "_openvc_routes", routes)
-        saved = getattr(inner, "_attention_backend", _NO_BACKEND_ATTR)
-        object.__setattr__(self, "_openvc_saved_backend", saved)
-        object.__setattr__(self, "_openvc_fallback",
-                           None if saved is _NO_BACKEND_ATTR else getattr(saved, "value", saved))
-        inner._attention_backend = None    # so that dispatch reads the active backend
-
-    @property
-    def _attention_backend(self):
-        return self._openvc_fallback
-
-    def __setattr__(self, name, value):
-        if name == "_attention_backend":
-            object.__setattr__(self, "_openvc_fallback", getattr(value, "value", value))
-        elif name.startswith("_openvc_"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._openvc_inner, name, value)
-
-    def __getattr__(self, name):           # everything else is the inner processor's
-        if name.startswith("_openvc_"):
-            raise AttributeError(name)
-        return getattr(self._openvc_inner, name)
-
-    def _openvc_call(self, *args, **kwargs):
-        fallback = self._openvc_fallback or _state.fallback
-        with _routed(self._openvc_policy, fallback, self._openvc_routes, self):
-            return self._openvc_inner(*args, **kwargs)
-
-
-@functools.lru_cache(maxsize=None)
-def _wrapper_class(inner_cls):
-    """A wrapper class whose __call__ has the inner class's signature: some diffusers attention modules
-    filter their kwargs by ``inspect.signature(processor.__call__)``."""
-    def __call__(self, *args, **kwargs):
-        return self._openvc_call(*args, **kwargs)
-    functools.update_wrapper(__call__, inner_cls.__call__)
-    return type(f"OpenVC{inner_cls.__name__}", (_OpenVCProcessor,), {"__call__": __call__})
+def _enter(proc):
+    """The routing a wrapped processor's call runs in: openvc active, the wrapper's policy and routes, its own
+    backend (or the default fallback) as the fallback."""
+    return _routed(proc._openvc_policy, proc._openvc_fallback or _state.fallback, proc._openvc_routes, proc)
 
 
 def _is_pipeline(obj):
@@ -438,7 +417,7 @@ def _denoisers(pipe):
             and (name.split("_")[0] in ("transformer", "unet"))]
 
 
-def _apply_model(model, policy, fallback, name):
+def _apply_model(model, policy, fallback, name, block_mask=None):
     modules, direct = _diffusers_processors.dispatch_modules(model), _diffusers_processors.direct_modules(model)
     replaced = any(isinstance(p, _diffusers_processors.DirectProcessor)
                    for _, p in _diffusers_processors.processors(model))
@@ -449,11 +428,13 @@ def _apply_model(model, policy, fallback, name):
         routes = _routes_of[model] = _ModelRoutes(name)
     if routes.hook is None:
         routes.hook = model.register_forward_hook(routes.after_forward)
+    if block_mask is not None:
+        routes.block_mask = block_mask
     wrapped = 0
     for module, proc in modules:
         if isinstance(proc, _OpenVCProcessor):
             continue
-        new = _wrapper_class(type(proc))(proc, policy, routes)
+        new = _wrapper_class(type(proc))(proc, policy, routes, _enter)
         if fallback is not None:
             new._attention_backend = fallback
         module.processor = new
@@ -479,7 +460,7 @@ def _set_bf16_steps(pipe, denoisers, steps):
         r.steps = counter
 
 
-def apply(model, *, policy=None, fallback=None, bf16_steps=None):
+def apply(model, *, policy=None, fallback=None, bf16_steps=None, block_mask=None):
     """Routes the attention calls of ``model`` through openvc (see the module doc).
 
     model: a diffusers pipeline (``pipe``: every denoiser component, ``transformer``, ``transformer_2``,
@@ -497,8 +478,16 @@ def apply(model, *, policy=None, fallback=None, bf16_steps=None):
     N >= 0 runs the calls openvc would take in the first N denoising steps of every run on the fallback
     (the fallback backend, or a replaced processor's own SDPA call) instead, counted by the pipeline's
     scheduler (:mod:`._diffusers_steps`) and shown in stats() under their own reason; 0 turns it off, None
-    (default) leaves it as an earlier apply set it (off at first)."""
+    (default) leaves it as an earlier apply set it (off at first).
+
+    block_mask: a FlexAttention BlockMask (BLOCK_SIZE 128, e.g. ``open_vc_attn.masks.frame_causal(frames,
+    tokens_per_frame)``) that openvc applies to the model's (every denoiser's) calls without attn_mask, not
+    causal, whose (Sq, Sk) are the mask's lengths: block-sparse, each listed block whole, counted in stats()
+    under path "openvc-block-sparse" (:mod:`._diffusers_masks`). A call that falls back runs without it. None
+    (default) leaves the mask an earlier apply set (none at first); remove() drops it. TypeError / ValueError
+    naming block_mask for anything else."""
     _check_policy(policy, per_module=True)
+    block_mask = _diffusers_masks.check_option(block_mask)
     if bf16_steps is not None and (isinstance(bf16_steps, bool) or not isinstance(bf16_steps, int) or bf16_steps < 0):
         raise ValueError(f"bf16_steps: expected None or an int >= 0 (denoising steps run on the fallback backend), "
                          f"got {bf16_steps!r}")
@@ -511,7 +500,7 @@ def apply(model, *, policy=None, fallback=None, bf16_steps=None):
         if bf16_steps is not None:
             raise ValueError(f"bf16_steps: counts a pipeline's denoising steps (by its scheduler); got the model "
                              f"{type(model).__name__}: pass the pipeline")
-        return _apply_model(model, policy, fallback, type(model).__name__)
+        return _apply_model(model, policy, fallback, type(model).__name__, block_mask)
     denoisers = _denoisers(model)
     if not denoisers:
         raise ValueError(f"model: the pipeline {type(model).__name__} has no transformer or unet component "
@@ -519,7 +508,7 @@ def apply(model, *, policy=None, fallback=None, bf16_steps=None):
     wrapped, skipped = {}, []
     for name, comp in denoisers:
         try:
-            wrapped[name] = _apply_model(comp, policy, fallback, f"{type(comp).__name__} ({name})")
+            wrapped[name] = _apply_model(comp, policy, fallback, f"{type(comp).__name__} ({name})", block_mask)
         except ValueError as exc:
             skipped.append(f"{name}: {str(exc).removeprefix('model: ')}")
     if not wrapped:
@@ -544,6 +533,8 @@ def _remove_model(model):
             removed += 1
     removed += _diffusers_processors.uninstall(model)
     routes = _routes_of.get(model)
+    if routes is not None:
+        routes.block_mask = None
     if routes is not None and routes.hook is not None:
         routes.hook.remove()
         routes.hook = None
@@ -562,9 +553,9 @@ def remove(model):
 
 
 def stats(model=None):
-    """``{(path, reason): calls}`` since the last :func:`reset_stats` (eager calls; path is "openvc" or
-    "fallback"): of every call, or of the calls of one model that :func:`apply` wrapped (kept after
-    :func:`remove`)."""
+    """``{(path, reason): calls}`` since the last :func:`reset_stats` (eager calls; path is "openvc",
+    "openvc-block-sparse" (a call with a block mask) or "fallback"): of every call, or of the calls of one
+    model that :func:`apply` wrapped (kept after :func:`remove`)."""
     if model is None:
         return dict(_state.counts)
     routes = _routes_of.get(model)

@@ -1,16 +1,18 @@
 """Which attention calls of a framework go to openvc: the one dispatch policy of every integration.
 
-:func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read,
-no synchronization) and answers ``(OPENVC, "")`` (with the default format) when
-:func:`open_vc_attn.attention` computes exactly this call (with ``key_padding_mask=attn_mask,
-causal=causal``), or ``(FALLBACK, reason)`` when the framework's own attention should run it. openvc's
-fast path is the sm_90a kernel: head dim 128 or 64, equal head counts, BF16/FP16 CUDA tensors on a
-compute capability 9.0 device, unmasked or with a key padding mask (bool, or
-additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention),
-causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's). Per-query or
-per-head masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys
-(text or image tokens) stay there too: quantization and the fixed per-call cost do not pay, and those
-calls are a small part of a video model's time. This function is the one place that changes.
+:func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read, no
+synchronization) and answers ``(OPENVC, "")`` (with the default format) when :func:`open_vc_attn.attention`
+computes exactly this call (with ``key_padding_mask=attn_mask, causal=causal``; a BlockMask attn_mask as
+``block_mask=attn_mask``, block-level: below), or ``(FALLBACK, reason)`` when the framework's own attention
+should run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts, BF16/FP16 CUDA
+tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or additive
+0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention), causal
+self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's), or a torch FlexAttention
+``BlockMask`` as ``attn_mask`` (BLOCK_SIZE 128, built for the call's (Sq, Sk): openvc's ``block_mask=``, which
+attends its partial and full blocks whole; :func:`block_mask_reason`). Per-query or per-head masks, biases and
+dropout stay on the framework. Short calls and cross-attention to a few keys (text or image tokens) stay there
+too: quantization and the fixed per-call cost do not pay, and those calls are a small part of a video model's
+time. This function is the one place that changes.
 
 The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``): every
 integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
@@ -29,9 +31,12 @@ import dataclasses
 import math
 import numbers
 
+from .. import _block_sparse
 from .. import _checks
+from .._layout import QUANT_BLOCK   # openvc's query tile and key block: a BlockMask's BLOCK_SIZE
 
-__all__ = ["OPENVC", "FALLBACK", "AUTO", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path"]
+__all__ = ["OPENVC", "FALLBACK", "AUTO", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path",
+           "block_mask_reason"]
 
 OPENVC = "openvc"
 FALLBACK = "fallback"
@@ -187,12 +192,46 @@ def _key_mask_reason(mask, q, k):
     return None
 
 
+def block_mask_reason(mask, q, k, *, causal=False, policy=None):
+    """None when openvc's ``block_mask=`` takes the FlexAttention BlockMask ``mask`` for a call of q [B, Sq, H, D]
+    and k [B, Sk, H, D] (its attributes only: no tensor value is read), else why not. The rest of the call
+    (head dim, thresholds, device, ...) is :func:`choose_path`'s."""
+    size = mask.BLOCK_SIZE
+    size = tuple(int(x) for x in size) if isinstance(size, (tuple, list)) else (int(size),) * 2
+    if size != (QUANT_BLOCK, QUANT_BLOCK):
+        return f"block_mask BLOCK_SIZE {size} (takes (128, 128): openvc's query tile and key block)"
+    if causal:
+        return "block_mask with causal"
+    b, sq, h, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[1]
+    lengths = tuple(int(x) for x in getattr(mask, "seq_lengths", ()))
+    if lengths != (sq, sk):
+        return f"block_mask built for (Q_LEN, KV_LEN) = {lengths}, the call has ({sq}, {sk})"
+    pairs = [(mask.kv_num_blocks, mask.kv_indices)]
+    if getattr(mask, "full_kv_num_blocks", None) is not None:
+        pairs.append((mask.full_kv_num_blocks, mask.full_kv_indices))
+    for counts, indices in pairs:
+        if counts.dim() != 3 or indices.dim() != 4 or counts.shape[2] != -(-sq // QUANT_BLOCK):
+            return f"block_mask block tensors {tuple(counts.shape)}, {tuple(indices.shape)} (takes [B, H, Q_tiles])"
+        if counts.shape[0] not in (1, b) or counts.shape[1] not in (1, h):
+            return f"block_mask batch and heads {tuple(counts.shape[:2])} (takes 1 or the call's {b} and {h})"
+        if counts.device != q.device or indices.device != q.device:
+            return "block_mask device"
+    policy = DEFAULT_POLICY if policy is None else policy
+    if policy.p_format == "exp2":
+        return "block_mask with p_format='exp2'"
+    if not _checks.fast_path_range(sq, sk):   # block lists run on the sm_90a fast path only
+        return "block_mask past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)"
+    return None
+
+
 def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=None):
     """``(OPENVC, policy.format_label)`` when openvc should run this attention call (``(OPENVC, "")`` with
     the default E4M3 policy), else ``(FALLBACK, reason)``.
 
     q: [B, Sq, H, D], k and v: [B, Sk, Hk, D] (the layout of diffusers' dispatch and of SGLang's attention
-    backends). attn_mask, causal and dropout_p are the call's options as the framework gives them.
+    backends). attn_mask, causal and dropout_p are the call's options as the framework gives them. A
+    FlexAttention BlockMask as attn_mask (duck-typed) is taken as openvc's ``block_mask=`` where
+    :func:`block_mask_reason` finds none (the caller passes it so, not as a key padding mask).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     return _choose(q, k, v, attn_mask, causal, dropout_p, policy, None)
@@ -204,7 +243,11 @@ def _choose(q, k, v, attn_mask, causal, dropout_p, policy, lengths):
         return FALLBACK, "rank: expected [B, S, H, D] tensors"
     if str(q.dtype) not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return FALLBACK, f"dtype {q.dtype}/{k.dtype}/{v.dtype} (needs one of bfloat16, float16)"
-    if attn_mask is not None:
+    if attn_mask is not None and _block_sparse.is_block_mask(attn_mask):
+        reason = block_mask_reason(attn_mask, q, k, causal=causal, policy=policy)
+        if reason:
+            return FALLBACK, reason
+    elif attn_mask is not None:
         reason = _key_mask_reason(attn_mask, q, k)
         if reason:
             return FALLBACK, reason
