@@ -2,7 +2,8 @@
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
 // Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8] [causal]
-// ("prev causal": the causal instantiations of today's and the earlier kernel)
+// ("prev causal": the causal instantiations of today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the
+// head-dim-64 ones)
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -96,7 +97,8 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
 // copied over, and the KernelParams bytes of the earlier layout (fields are only ever appended at the
 // end, so the earlier struct is a prefix of today's). Earlier commits with the LaunchPlan /
 // launch_kernel<Mode, Probe> interface (kernel_launch.cuh) only.
-// kMode: the plain (0) or causal (4) instantiation, whose bits are the same in every commit with this interface.
+// kMode: plain (0), causal (4), head dim 64 (16) or both (20): bits that are the same in every commit with this
+// interface.
 template <int kMode>
 openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
   namespace prev = openvc::sm90prev;
@@ -108,6 +110,16 @@ openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s)
   pl.grid = plan.grid;
   pl.mode = kMode;
   return prev::launch_kernel<kMode, prev::kNoProbe>(pl, s);
+}
+// The earlier kernel in the plan's mode: plain, causal, head dim 64 and both (OPENVC_BENCH_HEAD_DIM=64).
+openvc::Status launch_prev_mode(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
+  switch (plan.mode) {
+    case 0: return launch_prev<0>(plan, s);
+    case 4: return launch_prev<4>(plan, s);
+    case 16: return launch_prev<16>(plan, s);
+    case 20: return launch_prev<20>(plan, s);
+    default: return openvc::Status::Unsupported("prev: no earlier kernel built for mode " + std::to_string(plan.mode));
+  }
 }
 #endif
 
@@ -302,9 +314,9 @@ int main(int argc, char** argv) {
     const bool causal = only_prev && argc > 7 && std::string(argv[7]) == "causal";
     if (causal) ap.causal = true;
     const V variants[] = {
-        {"production", causal ? launch_kernel<kCausalMode, kNoProbe> : launch_kernel<kPlainMode, kNoProbe>},
+        {"production", only_prev ? launch_plan : launch_kernel<kPlainMode, kNoProbe>},
 #ifdef OPENVC_BENCH_PREV
-        {"previous kernel (scripts/prev_kernel.sh)", causal ? launch_prev<kCausalMode> : launch_prev<kPlainMode>},
+        {"previous kernel (scripts/prev_kernel.sh)", launch_prev_mode},
 #endif
         {"ping-pong ordering", launch_kernel<kPlainMode, kPingPong>},
         {"float row max (FMNMX)", launch_kernel<kPlainMode, kFloatMax>},
