@@ -1,9 +1,9 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8] [causal]
-// ("prev causal": the causal instantiations of today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the
-// head-dim-64 ones)
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8] [causal|int8|int8-causal]
+// ("prev causal|int8|int8-causal": those instantiations of today's and the earlier kernel; with
+// OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -97,8 +97,8 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
 // copied over, and the KernelParams bytes of the earlier layout (fields are only ever appended at the
 // end, so the earlier struct is a prefix of today's). Earlier commits with the LaunchPlan /
 // launch_kernel<Mode, Probe> interface (kernel_launch.cuh) only.
-// kMode: plain (0), causal (4), head dim 64 (16) or both (20): bits that are the same in every commit with this
-// interface.
+// kMode: plain (0), causal (4), head dim 64 (16), INT8 Q/K (32) and their combinations: bits that are the same in
+// every commit with this interface.
 template <int kMode>
 openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
   namespace prev = openvc::sm90prev;
@@ -111,13 +111,17 @@ openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s)
   pl.mode = kMode;
   return prev::launch_kernel<kMode, prev::kNoProbe>(pl, s);
 }
-// The earlier kernel in the plan's mode: plain, causal, head dim 64 and both (OPENVC_BENCH_HEAD_DIM=64).
+// The earlier kernel in the plan's mode: plain, causal, head dim 64 (OPENVC_BENCH_HEAD_DIM=64) and both, INT8 Q/K
+// dense, causal and head dim 64.
 openvc::Status launch_prev_mode(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
   switch (plan.mode) {
     case 0: return launch_prev<0>(plan, s);
     case 4: return launch_prev<4>(plan, s);
     case 16: return launch_prev<16>(plan, s);
     case 20: return launch_prev<20>(plan, s);
+    case 32: return launch_prev<32>(plan, s);
+    case 36: return launch_prev<36>(plan, s);
+    case 48: return launch_prev<48>(plan, s);
     default: return openvc::Status::Unsupported("prev: no earlier kernel built for mode " + std::to_string(plan.mode));
   }
 }
@@ -310,9 +314,23 @@ int main(int argc, char** argv) {
       const char* name;
       openvc::Status (*launch)(const LaunchPlan&, cudaStream_t);
     };
-    // "prev causal": the causal instantiations side by side (S = Sq = Sk).
-    const bool causal = only_prev && argc > 7 && std::string(argv[7]) == "causal";
-    if (causal) ap.causal = true;
+    // "prev causal" / "prev int8" / "prev int8-causal": those instantiations side by side (S = Sq = Sk).
+    const std::string sel = only_prev && argc > 7 ? argv[7] : "";
+    if (sel == "causal" || sel == "int8-causal") ap.causal = true;
+    if (sel == "int8" || sel == "int8-causal") {   // INT8 Q/K codes of the same inputs (numerics section 9)
+      uint8_t *qc8, *kc8;
+      float *qs8, *ks8;
+      CHECK_CUDA(cudaMalloc(&qc8, n));
+      CHECK_CUDA(cudaMalloc(&kc8, n));
+      CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
+      CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
+      openvc::PrepareParams pp8 = pp;
+      pp8.qk_format = openvc::QkFormat::kInt8;
+      pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
+      CHECK_OK(openvc::prepare_fp8(pp8, s));
+      ap.in.qk_format = openvc::QkFormat::kInt8;
+      ap.in.q_codes = qc8, ap.in.q_descale = qs8, ap.in.k_codes = kc8, ap.in.k_descale = ks8;
+    }
     const V variants[] = {
         {"production", only_prev ? launch_plan : launch_kernel<kPlainMode, kNoProbe>},
 #ifdef OPENVC_BENCH_PREV

@@ -18,6 +18,7 @@ struct BlockListSpec {
   double density = 0.5;       // chance that a key block is listed
   int extra_capacity = 3;     // indices' last dimension beyond the key blocks (entries past a count)
   bool out_of_range = false;  // counts past the capacity or negative, indices past the last block
+  bool shuffled = false;      // each row's listed blocks in a random order (valid with full key blocks only)
   uint32_t seed = 1;
 };
 
@@ -54,6 +55,7 @@ inline BlockLists make_block_lists(const BlockListSpec& s, int q_tiles, int k_bl
       for (int j = 0; j < k_blocks; ++j)
         if (u(rng) < s.density || (n == 0 && j == k_blocks - 1)) row[n++] = j;
     b.counts[r] = n;
+    if (s.shuffled) std::shuffle(row, row + n, rng);
   }
   if (s.out_of_range && rows >= 3) {
     b.counts[0] = b.capacity + 5;            // clamped to the capacity: the poison entries are read...

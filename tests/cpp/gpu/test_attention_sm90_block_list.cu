@@ -51,6 +51,16 @@ TEST(Sm90BlockList, BroadcastAndNaturalOrder) {
   run_listed(2, 512, 2000, 2, 128, 4, false, s);
 }
 
+// Unordered lists are valid where every key block is full (Sk a multiple of 128): the same blocks in the same
+// order of list positions as the reference.
+TEST(Sm90BlockList, UnorderedListsWithFullBlocks) {
+  SKIP_WITHOUT_SM90();
+  BlockListSpec s;
+  s.batch = 2, s.heads = 2, s.shuffled = true, s.seed = 71;
+  run_listed(2, 900, 1280, 2, 128, 4, true, s);
+  run_listed(2, 900, 1280, 2, 128, 4, true, s, Path::kGeneral);
+}
+
 TEST(Sm90BlockList, HeadDim64) {
   SKIP_WITHOUT_SM90();
   BlockListSpec s;

@@ -56,8 +56,9 @@ TEST(Sm90Modes, CausalCross) {
 }
 
 // Chunked causal (numerics section 5): every key of the query's own chunk and the chunks before it.
-// Chunks of 300 and 1,560 tokens (not multiples of 128: tiles straddling a chunk edge mask up to chunk / 128
-// + 2 blocks per row), Sq != Sk, both orders, head dim 64, packed with key counts; fast and general paths.
+// Chunks of 300, 1,560 and 3,600 tokens (not multiples of 128: tiles straddling a chunk edge mask up to
+// chunk / 128 + 2 blocks per row), 128 and 129, Sq != Sk, both orders, head dim 64, packed with an empty
+// sequence; fast and general paths.
 TEST(Sm90Modes, ChunkedCausal) {
   SKIP_WITHOUT_SM90();
   for (Path path : {kFast, Path::kGeneral}) {
@@ -72,6 +73,12 @@ TEST(Sm90Modes, ChunkedCausal) {
     run_case(c);
     c = packed({1000, 0, 700}, {1000, 0, 900}, 2, true, 4, false);
     c.path = path, c.causal_chunk = 129;
+    run_case(c);
+    c = batched(1, 1000, 1000, 2, 128, true, 4, false, path);   // chunk = one key block
+    c.causal_chunk = 128;
+    run_case(c);
+    c = batched(1, 4000, 4000, 1, 128, true, 4, true, path);    // a 720p frame: one edge at 3,600
+    c.causal_chunk = 3600;
     run_case(c);
   }
 }
