@@ -9,6 +9,7 @@ import torch
 import open_vc_attn as ova
 from open_vc_attn import _ext
 from open_vc_attn.ops import call, device as dev
+from open_vc_attn.ops.fp8 import sequence_outputs
 
 
 def t(name, f, n=400, res={}):
@@ -37,8 +38,9 @@ t("ops.call.attention_cuda", lambda: call.attention_cuda(*args), res=res)
 t("call._check", lambda: call._check(q, k, v, None, None, 0, 0, None, "e4m3", False, "expcast"), res=res)
 t("launch_checks", lambda: dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v))), res=res)
 alloc, fill = dev.empty(q.device), dev.full(q.device)
-t("_outputs (out, empty lse)", lambda: call._outputs(q, False, False, alloc, fill, None), res=res)
-out, _ = call._outputs(q, False, False, alloc, fill, None)
+t("sequence_outputs (out, empty lse)", lambda: sequence_outputs(False, call._sizes(q, False), False, alloc, fill, None),
+  res=res)
+out, _ = sequence_outputs(False, call._sizes(q, False), False, alloc, fill, None)
 mk = lambda: call._call_struct(q, k, v, None, None, 0, 0, None, 0.0, False, 4, out, None, "e4m3", False, "expcast")
 t("_call_struct", mk, res=res)
 c = mk()
