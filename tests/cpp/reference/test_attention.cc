@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "openvc/reference.h"
+#include "attention_problem.h"
 #include "test_inputs.h"
 
 namespace openvc::reference {
@@ -91,54 +92,6 @@ Row contract_row(const PreparedInputs& in, const AttentionOptions& opt, int s, i
   for (int c = 0; c < D; ++c) row.out[c] = in.v.descale[g] * A[c] / l;
   row.lse = kLn2 * (m / 8.0) + std::log(l / 256.0);
   return row;
-}
-
-struct Problem {
-  Sequences qs, ks;
-  testing::Qkv x;
-  PreparedInputs in;
-};
-
-Problem make_problem(std::vector<int> q_lens, std::vector<int> k_lens, int H, int D, uint32_t seed) {
-  Problem p;
-  p.qs.num_heads = p.ks.num_heads = H;
-  p.qs.head_dim = p.ks.head_dim = D;
-  p.qs.cu_seqlens = {0};
-  p.ks.cu_seqlens = {0};
-  for (int L : q_lens) p.qs.cu_seqlens.push_back(p.qs.cu_seqlens.back() + L);
-  for (int L : k_lens) p.ks.cu_seqlens.push_back(p.ks.cu_seqlens.back() + L);
-  p.x = testing::video_like(p.qs, p.ks, seed);
-  EXPECT_TRUE(prepare_inputs(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, &p.in).ok());
-  return p;
-}
-
-// The prepared inputs dequantized back to float (descale * decode), for exact attention on the SAME
-// quantized operands: its distance to the ExpCast result is ExpCast's alone.
-testing::Qkv dequantized(const PreparedInputs& in) {
-  const int H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
-  auto blocks = [&](const BlockQuantized& x, const Sequences& s) {
-    std::vector<float> out(x.codes.size());
-    for (int b = 0; b < s.count(); ++b)
-      for (int t = 0; t < s.length(b); ++t)
-        for (int h = 0; h < H; ++h)
-          for (int c = 0; c < D; ++c) {
-            const size_t i = (static_cast<size_t>(s.cu_seqlens[b] + t) * H + h) * D + c;
-            out[i] = x.descale[(static_cast<size_t>(b) * H + h) * x.max_blocks + t / 128] * e4m3_decode(x.codes[i]);
-          }
-    return out;
-  };
-  testing::Qkv r;
-  r.q = blocks(in.q, in.q_seqs);
-  r.k = blocks(in.k, in.k_seqs);
-  r.v.resize(in.v.codes.size());
-  for (int b = 0; b < in.k_seqs.count(); ++b)
-    for (int t = in.k_seqs.cu_seqlens[b]; t < in.k_seqs.cu_seqlens[b + 1]; ++t)
-      for (int h = 0; h < H; ++h)
-        for (int c = 0; c < D; ++c) {
-          const size_t i = (static_cast<size_t>(t) * H + h) * D + c;
-          r.v[i] = in.v.descale[static_cast<size_t>(b) * H + h] * e4m3_decode(in.v.codes[i]);
-        }
-  return r;
 }
 
 double max_lse_error(const std::vector<float>& lse, const std::vector<double>& ref) {
@@ -281,97 +234,6 @@ TEST(Attention, EndToEndVideoLike) {
   std::printf("[ e2e S=1024 ] sign-flipped scores rel_l2 %.4f, K descale x2 rel_l2 %.4f\n", flip_err, scale_err);
   EXPECT_GT(flip_err, 0.05);
   EXPECT_GT(scale_err, 0.05);
-}
-
-// Key block lists (section 5): every block listed in order is the dense call bit for bit; a window list
-// is exact attention over the listed keys (same FP8 operands) up to ExpCast, and an empty row gives 0 and
-// lse -inf.
-TEST(Attention, KeyBlockLists) {
-  Problem p = make_problem({1000}, {1000}, 2, 128, 23);   // 8 query tiles, 8 key blocks (the last partial)
-  const int tiles = 8;
-  std::vector<int> all(size_t(tiles) * tiles), counts(tiles, tiles);
-  for (int t = 0; t < tiles; ++t)
-    for (int j = 0; j < tiles; ++j) all[size_t(t) * tiles + j] = j;
-  KeyBlockLists lists{counts.data(), all.data(), 1, 1, tiles, tiles};
-  AttentionOptions listed;
-  listed.key_blocks = &lists;
-  AttentionResult dense, got;
-  ASSERT_TRUE(attention_expcast(p.in, AttentionOptions{}, &dense).ok());
-  ASSERT_TRUE(attention_expcast(p.in, listed, &got).ok());
-  EXPECT_EQ(got.out, dense.out);
-  EXPECT_EQ(got.lse, dense.lse);
-
-  // Tile t lists blocks t-1, t, t+1 (clipped); tile 5 none.
-  std::vector<int> win(size_t(tiles) * 3, 0), n(tiles, 0);
-  for (int t = 0; t < tiles; ++t)
-    for (int j = std::max(t - 1, 0); j <= std::min(t + 1, tiles - 1) && t != 5; ++j) win[size_t(t) * 3 + n[t]++] = j;
-  KeyBlockLists window{n.data(), win.data(), 1, 1, tiles, 3};
-  listed.key_blocks = &window;
-  ASSERT_TRUE(attention_expcast(p.in, listed, &got).ok());
-  const testing::Qkv dq = dequantized(p.in);
-  const int H = 2, D = 128, S = 1000;
-  const float tau = 1.0f / std::sqrt(128.0f);
-  std::vector<double> want(got.out.size(), 0.0);
-  for (int h = 0; h < H; ++h)
-    for (int i = 0; i < S; ++i) {
-      const int t = i / 128;
-      if (t == 5) {
-        EXPECT_TRUE(std::isinf(got.lse[size_t(h) * S + i]) && got.lse[size_t(h) * S + i] < 0);
-        continue;
-      }
-      std::vector<double> w;
-      double m = -1e300, l = 0;
-      const int j0 = std::max(t - 1, 0) * 128, j1 = std::min((std::min(t + 1, tiles - 1) + 1) * 128, S);
-      for (int j = j0; j < j1; ++j) {
-        double dot = 0;
-        for (int c = 0; c < D; ++c) dot += double(dq.q[(size_t(i) * H + h) * D + c]) * dq.k[(size_t(j) * H + h) * D + c];
-        w.push_back(dot * tau);
-        m = std::max(m, w.back());
-      }
-      for (double& x : w) l += (x = std::exp(x - m));
-      for (int j = j0; j < j1; ++j)
-        for (int c = 0; c < D; ++c) want[(size_t(i) * H + h) * D + c] += w[j - j0] / l * dq.v[(size_t(j) * H + h) * D + c];
-    }
-  const ErrorMetrics e = compare(got.out.data(), want.data(), int64_t(want.size()));
-  std::printf("[ key block lists ] window vs exact on the same operands: rel_l2 %.5f\n", e.rel_l2);
-  EXPECT_LT(e.rel_l2, 0.03);   // ExpCast's weights (about +-7%) on flat rows of a few hundred keys
-
-  listed.causal = true;   // not combined
-  EXPECT_EQ(attention_expcast(p.in, listed, &got).code(), StatusCode::kUnsupported);
-}
-
-// Chunked causal (section 5): the key limits, chunk 1 is plain causal bit for bit, and a chunk of 300 keys
-// is as accurate against exact chunked-causal attention as plain causal against exact causal.
-TEST(Attention, ChunkedCausal) {
-  EXPECT_EQ(causal_key_limit(0, 10, 10, 1), 1);
-  EXPECT_EQ(causal_key_limit(0, 10, 10, 4), 4);     // row 0's chunk: keys 0..3
-  EXPECT_EQ(causal_key_limit(4, 10, 10, 4), 8);
-  EXPECT_EQ(causal_key_limit(9, 10, 10, 4), 10);    // clamped to Sk
-  EXPECT_EQ(causal_key_limit(0, 10, 6, 4), 0);      // Sq > Sk: p = -4 is chunk -1
-  EXPECT_EQ(causal_key_limit(3, 10, 6, 4), 0);      // p = -1: chunk -1 too
-  EXPECT_EQ(causal_key_limit(4, 10, 6, 4), 4);      // p = 0: chunk 0, keys 0..3
-  Problem p = make_problem({1000}, {1000}, 2, 128, 29);
-  AttentionOptions causal;
-  causal.causal = true;
-  AttentionResult plain, chunk1, chunked;
-  ASSERT_TRUE(attention_expcast(p.in, causal, &plain).ok());
-  causal.causal_chunk = 1;
-  ASSERT_TRUE(attention_expcast(p.in, causal, &chunk1).ok());
-  EXPECT_EQ(plain.out, chunk1.out);
-  causal.causal_chunk = 300;
-  ASSERT_TRUE(attention_expcast(p.in, causal, &chunked).ok());
-  std::vector<double> exact, exact_plain;
-  ASSERT_TRUE(attention_exact(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, 0.0f, true, &exact, nullptr, 300).ok());
-  ASSERT_TRUE(attention_exact(p.x.q.data(), p.x.k.data(), p.x.v.data(), p.qs, p.ks, 0.0f, true, &exact_plain).ok());
-  const ErrorMetrics e = compare(chunked.out.data(), exact.data(), int64_t(exact.size()));
-  const ErrorMetrics e1 = compare(plain.out.data(), exact_plain.data(), int64_t(exact.size()));
-  const ErrorMetrics cross = compare(chunked.out.data(), exact_plain.data(), int64_t(exact.size()));
-  std::printf("[ chunked causal 300 ] vs exact chunked %.5f (plain causal vs exact %.5f; vs exact plain %.5f)\n",
-              e.rel_l2, e1.rel_l2, cross.rel_l2);
-  EXPECT_LT(e.rel_l2, 1.5 * e1.rel_l2 + 1e-3);
-  EXPECT_GT(cross.rel_l2, 10 * e.rel_l2);   // the chunk really changes the mask
-  causal.causal = false;   // a chunk needs causal
-  EXPECT_EQ(attention_expcast(p.in, causal, &chunked).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Attention, EndToEndS4096Timing) {
