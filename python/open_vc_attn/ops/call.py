@@ -52,7 +52,7 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
     if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
         _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
-    if blocks != (None, None):
+    if blocks[0] is not None or blocks[1] is not None:
         from .._block_sparse import check_op_lists
         check_op_lists(*blocks, q, k, packed=packed, causal=causal, key_counts=seqused_k is not None, p_format=p_format)
     return packed
@@ -90,7 +90,7 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
         c.out_stride_batch, c.out_stride_seq, c.out_stride_head = out.stride()[:3]
     if seqused_k is not None:
         c.seqused_k = seqused_k.data_ptr()
-    if blocks != (None, None):
+    if blocks[0] is not None or blocks[1] is not None:
         counts, indices = blocks
         c.blocks = dev.params(ext.KeyBlockList, num_blocks=counts.data_ptr(), indices=indices.data_ptr(),
                               batch=int(counts.shape[0]), heads=int(counts.shape[1]), q_tiles=int(counts.shape[2]),
