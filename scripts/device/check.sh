@@ -54,9 +54,14 @@
 #   modes-int8        python -m open_vc_attn.bench.modes --cases int8 (issue 25's shapes: openvc e4m3 / int8 /
 #                     int8+smooth / int8+smooth+exp2, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS
 #                     rounds, default 7).
+#   modes-sparse      python -m open_vc_attn.bench.modes --cases sparse (issue 26: S = 75,600 H = 40, openvc dense,
+#                     block masks window / frame causal / random 10..100% / radial and chunked causal against
+#                     torch.compile(flex_attention) BF16 on the same BlockMask, acceptance lines printed at the end),
+#                     $OUT/modes-sparse.json ($MODES_ROUNDS rounds, default 7; at most $MODES_SPARSE_TIMEOUT s,
+#                     default 420; no anchors needed).
 #   qk-tradeoff       python -m open_vc_attn.bench.qk_tradeoff: error vs speed of the Q/K formats and the peers,
 #                     $OUT/qk_tradeoff.{json,md,png} ($QK_TRADEOFF_ARGS appended, e.g. "--seeds 0,1,2").
-#                     Both wait for the anchors' builds first (at most $ANCHOR_WAIT_S s, default 420) and say
+#                     modes-int8 and qk-tradeoff wait for the anchors' builds first (at most $ANCHOR_WAIT_S s, default 420) and say
 #                     which peers are available.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
@@ -369,6 +374,13 @@ step_modes_int8() {
      --out "$OUT/modes-int8.json" >> "$OUT/modes-int8.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-int8.log" | tail -40; exit $r)
 }
 
+step_modes_sparse() {
+  step_install || return 1
+  (cd /tmp && timeout "${MODES_SPARSE_TIMEOUT:-420}" "$PY" -m open_vc_attn.bench.modes --cases sparse \
+     --rounds "${MODES_ROUNDS:-7}" --out "$OUT/modes-sparse.json" >> "$OUT/modes-sparse.log" 2>&1; r=$?
+   grep -vE "^\s*$" "$OUT/modes-sparse.log" | tail -30; exit $r)
+}
+
 step_qk_tradeoff() {
   step_install || return 1
   anchors_wait qk-tradeoff | tee -a "$OUT/qk-tradeoff.log"
@@ -384,7 +396,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 qk-tradeoff block-sparse "
+modes-int8 modes-sparse qk-tradeoff block-sparse "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do

@@ -21,8 +21,15 @@ entry against every peer, of each INT8 entry against its E4M3 counterpart, and o
 their ExpCast twins (int8+smooth). Formats the installed build does not take (no qk_format, or no p_format /
 no ``_openvc_ext.PFormat``) are left out with the reason under ``skipped``.
 
+Case `sparse` (issue 26, item 8; bench/sparse.py says what it times): at S = 75,600 (21 x 3,600), H = 40, openvc
+dense once, then openvc with block masks (temporal window +-2, frame causal, random densities 10 .. 100%,
+radial) and chunked causal against torch.compile(flex_attention) BF16 on the same BlockMask; each record gets
+a ``sparse`` dict (visited blocks, TF/s on them, ratios to dense, paired speedup over FlexAttention, rel L2)
+and the JSON a ``sparse_acceptance`` list (issue 26's acceptance lines, printed pass / fail at the end).
+
     python -m open_vc_attn.bench.modes --cases dense,packed,padded,causal,d64 --rounds 5 --out modes.json
     python -m open_vc_attn.bench.modes --cases int8 --rounds 7 --out modes-int8.json
+    python -m open_vc_attn.bench.modes --cases sparse --rounds 7 --out modes-sparse.json
 """
 from __future__ import annotations
 
@@ -32,10 +39,11 @@ import json
 import math
 import time
 
-from . import harness
+from . import harness, sparse
 
-CASES = ("dense", "packed", "padded", "causal", "d64", "int8")
-DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")   # int8 needs issue 25's API: asked for by name
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse")
+# int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
+DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
 # k_smoothing are also prepare_fp8's; p_format is an attention option (attention, attention_fp8) only.
 QK_FORMATS = {"e4m3": {"qk_format": "e4m3"}, "int8": {"qk_format": "int8"},
@@ -214,6 +222,8 @@ def case_list(names):
                     ("int8-wan480-S32760-H40", dict(kind="qk", s=32760, h=40)),
                     ("int8-causal-S32768-H7", dict(kind="qk", s=32768, h=7, causal=True)),
                     ("int8-d64-S24576-H32", dict(kind="qk", s=24576, h=32, d=64))]
+        elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
+            out += sparse.case_list()
         else:
             raise ValueError(f"--cases: expected names from {CASES}, got {name!r}")
     return out
@@ -335,11 +345,15 @@ def run(case_names, rounds, seed=0, on_record=None):
     short keeps the cases done)."""
     import torch
     import open_vc_attn as ova
-    records = []
+    records, state = [], {}   # state: what sparse cases share (inputs, compiled FlexAttention)
     for index, (name, spec) in enumerate(case_list(case_names)):
         t0 = time.time()
+        info = {}
         try:
-            entries, flops, skipped = build_case(torch, ova, spec)
+            if spec["kind"] == "sparse":
+                entries, flops, skipped, info = sparse.build_case(torch, ova, spec, state)
+            else:
+                entries, flops, skipped = build_case(torch, ova, spec)
         except Exception as exc:   # e.g. out of memory building the inputs: the case is recorded as failed
             records.append({"case": name, "spec": spec, "error": f"{type(exc).__name__}: {exc}"[:600]})
             print(f"{name}: FAILED to build: {records[-1]['error']}", flush=True)
@@ -376,6 +390,9 @@ def run(case_names, rounds, seed=0, on_record=None):
                "skipped": skipped, "visiting_orders": orders, "seconds": round(time.time() - t0, 1)}
         if checks:
             rec["rel_l2_vs_cudnn_bf16"] = checks
+        rec.update(info)
+        if spec["kind"] == "sparse":
+            rec["sparse"] = sparse.summarize(rec, sparse.dense_reference(records + [rec]))
         records.append(rec)
         line = " | ".join(f"{e} {r['tflops']:.0f} TF" for e, r in res.items())
         print(f"{name}: {line}", flush=True)
@@ -387,6 +404,8 @@ def run(case_names, rounds, seed=0, on_record=None):
                     print(f"    vs {peer}: {row}", flush=True)
             print("    rel L2 vs cuDNN BF16: " + ", ".join(
                 f"{e} {v:.4f}" if isinstance(v, float) else f"{e} {v}" for e, v in checks.items()), flush=True)
+        elif spec["kind"] == "sparse":
+            print("    " + sparse.format_case(name, rec["sparse"]), flush=True)
         else:
             print("    " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if not math.isnan(v)), flush=True)
         if errors or skipped:
@@ -395,6 +414,10 @@ def run(case_names, rounds, seed=0, on_record=None):
         torch.cuda.empty_cache()
         if on_record:
             on_record(records)
+    state.clear()
+    rows = sparse.acceptance(records)
+    if rows:
+        print(sparse.format_acceptance(rows), flush=True)
     return records
 
 
@@ -426,13 +449,18 @@ def main(argv=None) -> int:
             "cudnn": torch.backends.cudnn.version(), "fa3": _fa3() is not None, "sage2": _sage2() is not None,
             "qk_format": qk_format_support(ova) or "ok", "p_format": p_format_support(ova) or "ok",
             "rounds": args.rounds, "seed": args.seed,
-            "timing": "CUDA graphs of R calls >= 20 ms per replay; entries marked eager (SA2, openvc *-eager): "
+            "timing": "CUDA graphs of R calls >= 20 ms per replay; entries marked eager (SA2, openvc *-eager, "
+                      "flex-bf16): "
                       "CUDA events around R back-to-back calls; ratios: t_peer / t_entry per round, median"}
 
     def write(records):
         if args.out:
+            doc = {"meta": meta, "records": records}
+            rows = sparse.acceptance(records)
+            if rows:
+                doc["sparse_acceptance"] = rows
             with open(args.out, "w") as f:
-                json.dump({"meta": meta, "records": records}, f, indent=1)
+                json.dump(doc, f, indent=1)
     write(run(names, args.rounds, args.seed, on_record=write))
     return 0
 
