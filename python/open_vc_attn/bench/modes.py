@@ -40,6 +40,7 @@ import math
 import time
 
 from . import harness, sparse
+from .harness import Eager
 
 CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse")
 # int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
@@ -51,13 +52,6 @@ QK_FORMATS = {"e4m3": {"qk_format": "e4m3"}, "int8": {"qk_format": "int8"},
               "int8+smooth+exp2": {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}}
 ATTENTION_ONLY = ("p_format",)   # keyword arguments of QK_FORMATS that prepare_fp8 does not take
 PEERS = ("sage2", "fa3-fp8", "fa3-bf16", "cudnn-bf16")
-
-
-class Eager:
-    """An entry timed eagerly (CUDA events around R back-to-back calls), never captured in a CUDA graph."""
-
-    def __init__(self, fn):
-        self.fn = fn
 
 
 def _sage2():

@@ -119,7 +119,6 @@ def build_case(torch, ova, spec, state, device="cuda"):
     run's cases (inputs, the compiled FlexAttention, frame_causal's mask). info: visited blocks, density and rel L2
     (openvc against FlexAttention's block-level attention), computed here, before timing."""
     from .. import masks
-    from .modes import Eager
     f, t, h, d = spec["frames"], spec["tpf"], spec["h"], spec.get("d", HEAD_DIM)
     s, n = f * t, tiles(f * t)
     key = (s, h, d)
@@ -159,7 +158,7 @@ def build_case(torch, ova, spec, state, device="cuda"):
     if flex is None:
         skipped["flex-bf16"] = state["flex_why"]
     else:
-        entries["flex-bf16"] = Eager(lambda: flex(qt, kt, vt, block_mask=bm))
+        entries["flex-bf16"] = harness.Eager(lambda: flex(qt, kt, vt, block_mask=bm))
         try:
             ref = flex(qt, kt, vt, block_mask=ref_bm).transpose(1, 2)
             out = entries["openvc"]()
