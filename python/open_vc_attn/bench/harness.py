@@ -24,15 +24,15 @@ import statistics
 FLUSH_BYTES = 256 << 20
 
 
-# ---- pure math (no torch; unit-tested on CPU) -----------------------------------------------------------
-
-
 class Eager:
     """A bench.modes entry timed eagerly (CUDA events around R back-to-back calls), never captured in a CUDA
     graph (bench.modes and bench.sparse mark peers that must not be captured with it)."""
 
     def __init__(self, fn):
         self.fn = fn
+
+
+# ---- pure math (no torch; unit-tested on CPU) -----------------------------------------------------------
 
 def attention_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int) -> int:
     """Non-causal forward FLOPs: two GEMMs (QK^T and PV) of 2*Sq*Sk*D each per (batch, head)."""
