@@ -5,6 +5,7 @@
 #include <string>
 
 #include "attention/call_pointers.h"
+#include "attention/shared_rules.h"
 #include "attention/general/kernel.cuh"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
@@ -89,22 +90,11 @@ Status validate(const GeneralAttentionParams& p) {
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
   if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16)
     return Status::Invalid("out_dtype must be kBFloat16 or kFloat16");
-  if (p.causal_chunk < 1 || (p.causal_chunk != 1 && !p.causal))
-    return Status::Invalid("causal_chunk must be >= 1 and needs causal when != 1, got " + str(p.causal_chunk));
+  OPENVC_RETURN_IF_ERROR(check_causal_chunk(p.causal_chunk, p.causal));
   if (has_block_list(p.blocks)) {
-    const KeyBlockList& b = p.blocks;
-    if (b.num_blocks == nullptr || b.indices == nullptr)
-      return Status::Invalid("blocks: key block lists need both num_blocks and indices");
-    if (!aligned(b.num_blocks, 4) || !aligned(b.indices, 4))
-      return Status::Invalid("blocks.num_blocks, blocks.indices: int32 arrays must be 4-byte aligned");
     if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr || p.causal)
       return Status::Unsupported("blocks: key block lists take batched calls without causal, cu_seqlens or seqused_k");
-    if ((b.batch != 1 && b.batch != in.batch) || (b.heads != 1 && b.heads != in.heads) ||
-        b.q_tiles != num_quant_blocks(in.seqlen_q) || b.capacity < 1)
-      return Status::Invalid("blocks: batch and heads must be 1 or the call's (" + str(in.batch) + ", " + str(in.heads) +
-                             "), q_tiles ceil(seqlen_q / 128) = " + str(num_quant_blocks(in.seqlen_q)) +
-                             ", capacity >= 1; got " + str(b.batch) + ", " + str(b.heads) + ", " + str(b.q_tiles) +
-                             ", " + str(b.capacity));
+    OPENVC_RETURN_IF_ERROR(check_key_block_list(p.blocks, in));
   }
   return Status::Ok();
 }
@@ -158,8 +148,8 @@ Status attention_general(const GeneralAttentionParams& params, cudaStream_t stre
   kp.causal_chunk = params.causal_chunk;
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks, kp.blk_index = bl.indices, kp.blk_cap = bl.capacity;
-  kp.blk_sh = bl.heads == 1 ? 0 : bl.q_tiles;
-  kp.blk_sb = bl.batch == 1 ? 0 : int64_t(bl.heads) * bl.q_tiles;
+  const KeyBlockStrides bs = key_block_strides(bl);
+  kp.blk_sb = bs.batch, kp.blk_sh = bs.head;
   kp.out_fp16 = params.out_dtype == DType::kFloat16;
   const dim3 grid(static_cast<unsigned>(kp.nq), static_cast<unsigned>(in.heads), static_cast<unsigned>(seqs));
   return in.head_dim == 64 ? launch<64>(kp, grid, stream) : launch<128>(kp, grid, stream);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/call_pointers.h"
+#include "attention/shared_rules.h"
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/launch.h"
@@ -71,30 +72,14 @@ Shape shape_of(const AttentionParams& p) {
   return {false, p.in.batch, p.in.seqlen_q, p.in.seqlen_k};
 }
 
-// Key block lists (attention.h, KeyBlockList): the host-side rules; counts and indices are device data,
-// clamped by the kernel.
+// Key block lists on the fast path: batched calls of the modes that have a block-list instantiation; the lists'
+// own fields as on the general path (shared_rules.h).
 Status validate_block_list(const AttentionParams& p, bool vc) {
-  const KeyBlockList& b = p.blocks;
-  const Fp8Inputs& in = p.in;
-  if (b.num_blocks == nullptr || b.indices == nullptr)
-    return Status::Invalid(std::string("blocks: key block lists need both num_blocks and indices, got only ") +
-                           (b.num_blocks ? "blocks.num_blocks" : "blocks.indices"));
-  if (!aligned(b.num_blocks, 4) || !aligned(b.indices, 4))
-    return Status::Invalid("blocks.num_blocks, blocks.indices: int32 arrays must be 4-byte aligned");
   if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr || p.causal ||
       p.repair.rows > 0 || vc || p.p_format == PFormat::kExp2)
     return Status::Unsupported("blocks: key block lists take batched calls without causal, cu_seqlens, seqused_k, "
                                "repair rows, the VC mode or p_format kExp2");
-  if ((b.batch != 1 && b.batch != in.batch) || (b.heads != 1 && b.heads != in.heads))
-    return Status::Invalid("blocks.batch, blocks.heads: must be 1 (broadcast) or the call's batch (" + str(in.batch) +
-                           ") and heads (" + str(in.heads) + "), got " + str(b.batch) + ", " + str(b.heads));
-  if (b.q_tiles != num_quant_blocks(in.seqlen_q))
-    return Status::Invalid("blocks.q_tiles: must be ceil(seqlen_q / 128) = " + str(num_quant_blocks(in.seqlen_q)) +
-                           ", got " + str(b.q_tiles));
-  if (b.capacity < 1) return Status::Invalid("blocks.capacity: must be >= 1, got " + str(b.capacity));
-  if (int64_t(b.batch) * b.heads * b.q_tiles * b.capacity > INT32_MAX)
-    return Status::Unsupported("blocks: batch * heads * q_tiles * capacity must be < 2^31 (int32 indices)");
-  return Status::Ok();
+  return check_key_block_list(p.blocks, p.in);
 }
 
 Status validate_form(const AttentionParams& p, bool vc) {
@@ -189,10 +174,7 @@ Status validate(const AttentionParams& p, bool vc) {
     if (r.rows > in.seqlen_k)
       return Status::Invalid("repair.rows (" + str(r.rows) + ") must not exceed seqlen_k (" + str(in.seqlen_k) + ")");
   }
-  if (p.causal_chunk < 1)
-    return Status::Invalid("causal_chunk must be >= 1 (1: plain causal), got " + str(p.causal_chunk));
-  if (p.causal_chunk != 1 && !p.causal)
-    return Status::Invalid("causal_chunk: only used with causal (chunked causal); causal is false");
+  OPENVC_RETURN_IF_ERROR(check_causal_chunk(p.causal_chunk, p.causal));
   if (p.mid_window_blocks < kNaturalOrder)
     return Status::Invalid("mid_window_blocks must be >= 0 or kNaturalOrder (-1), got " + str(p.mid_window_blocks));
   return Status::Ok();
@@ -327,8 +309,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks;
   kp.blk_index = bl.indices;
-  kp.blk_stride_h = bl.heads == 1 ? 0 : bl.q_tiles;
-  kp.blk_stride_b = bl.batch == 1 ? 0 : int64_t(bl.heads) * bl.q_tiles;
+  const KeyBlockStrides bs = key_block_strides(bl);
+  kp.blk_stride_b = bs.batch, kp.blk_stride_h = bs.head;
   kp.blk_capacity = bl.capacity;
   int sms = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

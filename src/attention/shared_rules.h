@@ -1,0 +1,51 @@
+// Host rules and derived values that the fast path (sm90/launch.cu) and the general path (general/launch.cu)
+// share for key block lists and chunked causal, so that the two launchers cannot drift apart. Which call
+// forms take block lists stays each path's own rule.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "common/alignment.h"
+#include "openvc/attention.h"
+#include "openvc/status.h"
+
+namespace openvc {
+
+// The lists' own fields against the call's batched inputs (attention.h, KeyBlockList). Counts and indices are
+// device data, clamped by the kernels.
+inline Status check_key_block_list(const KeyBlockList& b, const Fp8Inputs& in) {
+  auto str = [](int64_t x) { return std::to_string(x); };
+  if (b.num_blocks == nullptr || b.indices == nullptr)
+    return Status::Invalid(std::string("blocks: key block lists need both num_blocks and indices, got only ") +
+                           (b.num_blocks ? "blocks.num_blocks" : "blocks.indices"));
+  if (!aligned(b.num_blocks, 4) || !aligned(b.indices, 4))
+    return Status::Invalid("blocks.num_blocks, blocks.indices: int32 arrays must be 4-byte aligned");
+  if ((b.batch != 1 && b.batch != in.batch) || (b.heads != 1 && b.heads != in.heads))
+    return Status::Invalid("blocks.batch, blocks.heads: must be 1 (broadcast) or the call's batch (" + str(in.batch) +
+                           ") and heads (" + str(in.heads) + "), got " + str(b.batch) + ", " + str(b.heads));
+  if (b.q_tiles != num_quant_blocks(in.seqlen_q))
+    return Status::Invalid("blocks.q_tiles: must be ceil(seqlen_q / 128) = " + str(num_quant_blocks(in.seqlen_q)) +
+                           ", got " + str(b.q_tiles));
+  if (b.capacity < 1) return Status::Invalid("blocks.capacity: must be >= 1, got " + str(b.capacity));
+  if (int64_t(b.batch) * b.heads * b.q_tiles * b.capacity > INT32_MAX)
+    return Status::Unsupported("blocks: batch * heads * q_tiles * capacity must be < 2^31 (int32 indices)");
+  return Status::Ok();
+}
+
+// Row strides of the lists' [batch, heads, q_tiles] rows: 0 where a dimension of 1 broadcasts.
+struct KeyBlockStrides {
+  int64_t batch, head;
+};
+inline KeyBlockStrides key_block_strides(const KeyBlockList& b) {
+  return {b.batch == 1 ? 0 : int64_t(b.heads) * b.q_tiles, b.heads == 1 ? 0 : int64_t(b.q_tiles)};
+}
+
+// causal_chunk (attention.h): >= 1, and != 1 only with causal.
+inline Status check_causal_chunk(int chunk, bool causal) {
+  if (chunk < 1) return Status::Invalid("causal_chunk must be >= 1 (1: plain causal), got " + std::to_string(chunk));
+  if (chunk != 1 && !causal)
+    return Status::Invalid("causal_chunk: only used with causal (chunked causal); causal is false");
+  return Status::Ok();
+}
+
+}  // namespace openvc
