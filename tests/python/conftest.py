@@ -1,12 +1,31 @@
 """Shared pytest set-up: the `gpu` marker (declared in pyproject.toml) skips, with the reason shown in
 the summary (`pytest -rs`), when torch, a CUDA device or compute capability 9.0 is missing; the `torch`
-fixture (the module, or a skip where torch is not installed). Input builders: helpers.py."""
+fixture (the module, or a skip where torch is not installed) and the integrations' `policy` and `ovd`
+(open_vc_attn.integrations.diffusers) fixtures. Input builders: helpers.py."""
 import pytest
 
 
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def policy(torch):
+    """open_vc_attn.integrations.policy (the integrations' DispatchPolicy)."""
+    try:
+        from open_vc_attn.integrations import policy
+    except ImportError as exc:   # an installed copy older than the integrations package
+        pytest.skip(f"open_vc_attn.integrations is not importable ({exc}): reinstall the package")
+    return policy
+
+
+@pytest.fixture(scope="module")
+def ovd(policy):
+    """open_vc_attn.integrations.diffusers, or a skip where diffusers is not installed."""
+    pytest.importorskip("diffusers", reason="diffusers is not installed")
+    from open_vc_attn.integrations import diffusers as ovd
+    return ovd
 
 _gpu_reason = None  # computed once, and only when a gpu test was collected (torch imports are slow)
 

@@ -1,5 +1,8 @@
 """Input builders shared by the Python tests (imported as `helpers`: pytest puts this folder on sys.path).
 The `torch` fixture is in conftest.py."""
+import contextlib
+import warnings
+
 import numpy as np
 
 from open_vc_attn import video_inputs
@@ -76,3 +79,38 @@ def graph_replays_like_eager(torch, call, inputs, *new_inputs):
         assert len(captured) == len(want)
         for i, (got, expected) in enumerate(zip(captured, want)):
             assert bytes_equal(torch, got, expected), f"output {i} of the replay differs from the eager call"
+
+
+def wan22_pipeline(torch, fallback_warnings_are_errors=False):
+    """(pipe, run): diffusers' WanPipeline with two random 1-layer Wan transformers (2 heads of 128) and Wan2.2
+    A14B's boundary: the first step (t = 1000) runs `transformer`, the second (t = 833) `transformer_2`, guidance
+    as two forwards per step. No text encoder, VAE or weights are loaded: prompt embeddings are given and run()
+    returns the latents. fallback_warnings_are_errors: run() turns the integration's FallbackWarning (a forward
+    with no openvc call) into an error."""
+    import pytest
+    pytest.importorskip("transformers", reason="diffusers' WanPipeline needs transformers")
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    def transformer(seed):
+        torch.manual_seed(seed)
+        return WanTransformer3DModel(num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
+                                     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=1,
+                                     rope_max_seq_len=64).to(torch.bfloat16).eval()
+
+    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer(0),
+                       transformer_2=transformer(1), scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                       boundary_ratio=0.875)
+    pipe.set_progress_bar_config(disable=True)
+    g = torch.Generator().manual_seed(0)
+    text = [torch.randn(1, 16, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
+
+    def run():
+        guard = warnings.catch_warnings() if fallback_warnings_are_errors else contextlib.nullcontext()
+        with torch.inference_mode(), guard:   # 5 frames of 128 x 128: a 2 x 16 x 16 latent, 128 video tokens
+            if fallback_warnings_are_errors:
+                from open_vc_attn.integrations.diffusers import FallbackWarning
+                warnings.simplefilter("error", FallbackWarning)
+            return pipe(prompt_embeds=text[0], negative_prompt_embeds=text[1], height=128, width=128, num_frames=5,
+                        num_inference_steps=2, guidance_scale=2.0, output_type="latent",
+                        generator=torch.Generator().manual_seed(0)).frames
+    return pipe, run

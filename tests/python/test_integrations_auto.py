@@ -25,6 +25,8 @@ import pytest
 
 from open_vc_attn.integrations import policy
 
+from helpers import wan22_pipeline
+
 AUTO = policy.DispatchPolicy(qk_format="auto", min_query_tokens=64, min_key_tokens=64)
 NAMES = {("e4m3", False, "expcast"): "e4m3", ("int8", True, "expcast"): "int8+k_smoothing",
          ("int8", True, "exp2"): "int8+k_smoothing+exp2", ("int8", False, "expcast"): "int8",
@@ -331,13 +333,6 @@ def test_yunchang_processor_auto(torch, monkeypatch):
 
 # ---- diffusers ----------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ovd(torch):
-    pytest.importorskip("diffusers", reason="diffusers is not installed")
-    from open_vc_attn.integrations import diffusers as ovd
-    return ovd
-
-
 @pytest.fixture
 def diffusers_fast(torch, ovd, monkeypatch):
     """Installs a StandIn as the diffusers backend's fast path (CPU tensors let through the device check);
@@ -432,37 +427,8 @@ def test_diffusers_auto_needs_apply(torch, ovd):
             pass
 
 
-def wan22_pipeline(torch):
-    """WanPipeline with two random 1-layer transformers and Wan2.2 A14B's boundary: step 0 (t = 1000) runs
-    `transformer`, step 1 `transformer_2`; guidance as two forwards per step. Latents out, nothing loaded."""
-    pytest.importorskip("transformers", reason="diffusers' WanPipeline needs transformers")
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-    from open_vc_attn.integrations.diffusers import FallbackWarning
-
-    def transformer(seed):
-        torch.manual_seed(seed)
-        return WanTransformer3DModel(num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
-                                     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=1,
-                                     rope_max_seq_len=64).to(torch.bfloat16).eval()
-
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer(0),
-                       transformer_2=transformer(1), scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-                       boundary_ratio=0.875)
-    pipe.set_progress_bar_config(disable=True)
-    g = torch.Generator().manual_seed(0)
-    text = [torch.randn(1, 16, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
-
-    def run():
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("error", FallbackWarning)    # the BF16 steps are no "no openvc" forward
-            return pipe(prompt_embeds=text[0], negative_prompt_embeds=text[1], height=128, width=128, num_frames=5,
-                        num_inference_steps=2, guidance_scale=2.0, output_type="latent",
-                        generator=torch.Generator().manual_seed(0)).frames
-    return pipe, run
-
-
 def test_bf16_first_steps(torch, ovd, diffusers_fast):
-    pipe, run = wan22_pipeline(torch)
+    pipe, run = wan22_pipeline(torch, fallback_warnings_are_errors=True)
     native = run()
     small = policy.DispatchPolicy(min_query_tokens=64, min_key_tokens=64)
     ovd.apply(pipe, policy=small)              # both steps on openvc
@@ -505,7 +471,7 @@ def test_bf16_first_steps(torch, ovd, diffusers_fast):
 
 
 def test_bf16_first_steps_with_auto_choose_after_them(torch, ovd, diffusers_fast):
-    pipe, run = wan22_pipeline(torch)
+    pipe, run = wan22_pipeline(torch, fallback_warnings_are_errors=True)
     ovd.apply(pipe, policy=AUTO, bf16_steps=1)
     try:
         run()
@@ -517,7 +483,7 @@ def test_bf16_first_steps_with_auto_choose_after_them(torch, ovd, diffusers_fast
 
 
 def test_bf16_steps_arguments(torch, ovd):
-    pipe, run = wan22_pipeline(torch)
+    pipe, run = wan22_pipeline(torch, fallback_warnings_are_errors=True)
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="^bf16_steps: expected None or an int >= 0"):
             ovd.apply(pipe, bf16_steps=bad)

@@ -25,6 +25,8 @@ import warnings
 import numpy as np
 import pytest
 
+from helpers import wan22_pipeline
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Output bound of the Wan comparison. Per attention call, openvc differs from exact attention by 3-6% rel L2
@@ -37,22 +39,6 @@ MAX_REL_L2 = 0.03
 @pytest.fixture(scope="module")
 def torch():
     return pytest.importorskip("torch")
-
-
-@pytest.fixture(scope="module")
-def policy(torch):
-    try:
-        from open_vc_attn.integrations import policy
-    except ImportError as exc:   # an installed copy older than the integrations package
-        pytest.skip(f"open_vc_attn.integrations is not importable ({exc}): reinstall the package")
-    return policy
-
-
-@pytest.fixture(scope="module")
-def ovd(policy):
-    pytest.importorskip("diffusers", reason="diffusers is not installed")
-    from open_vc_attn.integrations import diffusers as ovd
-    return ovd
 
 
 @pytest.fixture
@@ -303,34 +289,6 @@ def test_apply_keeps_signature_and_explicit_backend(torch, ovd, policy, referenc
 
 
 # ---- a Wan2.2-style pipeline: two transformers -------------------------------------------------------------------
-
-def wan22_pipeline(torch):
-    """WanPipeline with two random 1-layer Wan transformers (2 heads of 128) and Wan2.2 A14B's boundary: the
-    first step (t = 1000) runs `transformer`, the second (t = 833) `transformer_2`. No text encoder, VAE or
-    weights are loaded: prompt embeddings are given and the latents returned."""
-    pytest.importorskip("transformers", reason="diffusers' WanPipeline needs transformers")
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-
-    def transformer(seed):
-        torch.manual_seed(seed)
-        return WanTransformer3DModel(num_attention_heads=2, attention_head_dim=128, in_channels=16, out_channels=16,
-                                     text_dim=32, freq_dim=32, ffn_dim=64, num_layers=1,
-                                     rope_max_seq_len=64).to(torch.bfloat16).eval()
-
-    pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer(0),
-                       transformer_2=transformer(1), scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-                       boundary_ratio=0.875)
-    pipe.set_progress_bar_config(disable=True)
-    g = torch.Generator().manual_seed(0)
-    text = [torch.randn(1, 16, 32, generator=g).to(torch.bfloat16) for _ in range(2)]
-
-    def run():
-        with torch.inference_mode():   # 5 frames of 128 x 128: a 2 x 16 x 16 latent, 128 video tokens
-            return pipe(prompt_embeds=text[0], negative_prompt_embeds=text[1], height=128, width=128, num_frames=5,
-                        num_inference_steps=2, guidance_scale=2.0, output_type="latent",
-                        generator=torch.Generator().manual_seed(0)).frames
-    return pipe, run
-
 
 def test_wan22_pipeline_cpu_fallback(torch, ovd, policy):
     pipe, run = wan22_pipeline(torch)

@@ -28,19 +28,6 @@ MAX_REL_L2 = 0.03
 
 
 @pytest.fixture(scope="module")
-def policy(torch):
-    from open_vc_attn.integrations import policy
-    return policy
-
-
-@pytest.fixture(scope="module")
-def ovd(policy):
-    pytest.importorskip("diffusers", reason="diffusers is not installed")
-    from open_vc_attn.integrations import diffusers as ovd
-    return ovd
-
-
-@pytest.fixture(scope="module")
 def masks(torch):
     pytest.importorskip("torch.nn.attention.flex_attention", reason="FlexAttention needs torch >= 2.5")
     from open_vc_attn import masks

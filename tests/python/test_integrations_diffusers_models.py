@@ -23,19 +23,6 @@ import pytest
 STAND_IN_REL_L2 = 0.02      # FP32 SDPA rounded to BF16 against diffusers' BF16 SDPA, through a few blocks
 
 
-@pytest.fixture(scope="module")
-def ovd(torch):
-    pytest.importorskip("diffusers", reason="diffusers is not installed")
-    from open_vc_attn.integrations import diffusers as ovd
-    return ovd
-
-
-@pytest.fixture(scope="module")
-def policy(ovd):
-    from open_vc_attn.integrations import policy
-    return policy
-
-
 @pytest.fixture
 def stand_in(torch, ovd, policy, monkeypatch):
     """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale, formats)
