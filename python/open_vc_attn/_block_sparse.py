@@ -50,8 +50,8 @@ def check_op_lists(counts, indices, q, k, *, packed, causal, key_counts, p_forma
     for name, x in (("kv_num_blocks", counts), ("kv_indices", indices)):
         if not x.is_contiguous():   # the kernel reads rows at fixed strides: no silent copy
             raise ValueError(f"{name}: expected a contiguous tensor (the kernel's layout), got strides {x.stride()}")
-    if x.device != q.device:
-        raise ValueError(f"kv_num_blocks, kv_indices: expected q's device ({q.device}), got {x.device}")
+    if counts.device != q.device:   # check_block_lists put both lists on one device
+        raise ValueError(f"kv_num_blocks, kv_indices: expected q's device ({q.device}), got {counts.device}")
 
 
 def reject_with(**given):
