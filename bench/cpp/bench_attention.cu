@@ -1,9 +1,10 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8] [causal|int8|int8-causal]
-// ("prev causal|int8|int8-causal": those instantiations of today's and the earlier kernel; with
-// OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8]
+//        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys]
+// ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
+// today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "openvc/attention.h"
@@ -61,6 +63,43 @@ __global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
 __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
+}
+
+// rel L2 of out against exact FP64 attention (1/sqrt(D) scale) on `rows` sampled query rows of every head, batch 0,
+// S = Sq = Sk ([S, H, D] BF16 host copies): the error of a P format on these N(0,1) inputs without a CPU pass
+// over all rows.
+double sampled_rel_l2(const std::vector<__nv_bfloat16>& q, const std::vector<__nv_bfloat16>& k,
+                      const std::vector<__nv_bfloat16>& v, const std::vector<__nv_bfloat16>& out, int S, int H, int D,
+                      int rows) {
+  double num = 0, den = 0;
+  std::vector<double> sc(S);
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < rows; ++r) {
+      const int i = int((int64_t(r) * S) / rows + 17) % S;
+      const __nv_bfloat16* qi = q.data() + (int64_t(i) * H + h) * D;
+      double mx = -1e300;
+      for (int j = 0; j < S; ++j) {
+        const __nv_bfloat16* kj = k.data() + (int64_t(j) * H + h) * D;
+        double acc = 0;
+        for (int c = 0; c < D; ++c) acc += double(__bfloat162float(qi[c])) * __bfloat162float(kj[c]);
+        sc[j] = acc / std::sqrt(double(D));
+        mx = std::max(mx, sc[j]);
+      }
+      std::vector<double> o(D, 0.0);
+      double l = 0;
+      for (int j = 0; j < S; ++j) {
+        const double p = std::exp(sc[j] - mx);
+        l += p;
+        const __nv_bfloat16* vj = v.data() + (int64_t(j) * H + h) * D;
+        for (int c = 0; c < D; ++c) o[c] += p * __bfloat162float(vj[c]);
+      }
+      const __nv_bfloat16* oi = out.data() + (int64_t(i) * H + h) * D;
+      for (int c = 0; c < D; ++c) {
+        const double e = o[c] / l, g = __bfloat162float(oi[c]);
+        num += (g - e) * (g - e), den += e * e;
+      }
+    }
+  return std::sqrt(num / den);
 }
 
 template <class F>
@@ -111,17 +150,21 @@ openvc::Status launch_prev(const openvc::sm90::LaunchPlan& plan, cudaStream_t s)
   pl.mode = kMode;
   return prev::launch_kernel<kMode, prev::kNoProbe>(pl, s);
 }
-// The earlier kernel in the plan's mode: plain, causal, head dim 64 (OPENVC_BENCH_HEAD_DIM=64) and both, INT8 Q/K
-// dense, causal and head dim 64.
+// The earlier kernel in the plan's mode: plain, causal, packed / key counts (varlen) and varlen causal, head dim 64
+// (OPENVC_BENCH_HEAD_DIM=64) and both, INT8 Q/K dense, causal and head dim 64, INT8 with exp2 P dense and causal.
 openvc::Status launch_prev_mode(const openvc::sm90::LaunchPlan& plan, cudaStream_t s) {
   switch (plan.mode) {
     case 0: return launch_prev<0>(plan, s);
     case 4: return launch_prev<4>(plan, s);
+    case 8: return launch_prev<8>(plan, s);
+    case 12: return launch_prev<12>(plan, s);
     case 16: return launch_prev<16>(plan, s);
     case 20: return launch_prev<20>(plan, s);
     case 32: return launch_prev<32>(plan, s);
     case 36: return launch_prev<36>(plan, s);
     case 48: return launch_prev<48>(plan, s);
+    case 96: return launch_prev<96>(plan, s);
+    case 100: return launch_prev<100>(plan, s);
     default: return openvc::Status::Unsupported("prev: no earlier kernel built for mode " + std::to_string(plan.mode));
   }
 }
@@ -274,6 +317,74 @@ int main(int argc, char** argv) {
       std::printf("  int8 conversion: IADD+FADD takes %+.2f%% time vs I2FP.F32.S32 (paired median of %d); %zu of %zu "
                   "outputs differ (expected 0)\n", 100.0 * (ratio[rounds / 2] - 1.0), rounds, differ, n);
     }
+    // Consumers taking turns at the tensor cores (probe kPingPong) for the INT8 ExpCast and exp2 modes: whether
+    // one warpgroup's exponentials (MUFU) hide behind the other's products. Paired medians; same bytes.
+    {
+      using namespace openvc::sm90;
+      LaunchPlan plan8, plan8x;
+      CHECK_OK(plan_attention(ap8, nullptr, &plan8));
+      CHECK_OK(plan_attention(ap8x, nullptr, &plan8x));
+      constexpr int kI8 = kInt8QkMode, kX8 = kExp2PMode | kInt8QkMode;
+      std::vector<float> r_i8, r_x8;
+      for (int r = 0; r < rounds; ++r) {
+        const float a0 = graph_median_ms([&] { CHECK_OK((launch_kernel<kI8, kNoProbe>(plan8, s))); }, s, 1, reps);
+        const float a1 = graph_median_ms([&] { CHECK_OK((launch_kernel<kI8, kPingPong>(plan8, s))); }, s, 1, reps);
+        const float b0 = graph_median_ms([&] { CHECK_OK((launch_kernel<kX8, kNoProbe>(plan8x, s))); }, s, 1, reps);
+        const float b1 = graph_median_ms([&] { CHECK_OK((launch_kernel<kX8, kPingPong>(plan8x, s))); }, s, 1, reps);
+        r_i8.push_back(a1 / a0), r_x8.push_back(b1 / b0);
+      }
+      std::sort(r_i8.begin(), r_i8.end());
+      std::sort(r_x8.begin(), r_x8.end());
+      std::printf("  ping-pong: int8 expcast %+.2f%% time, int8 exp2 %+.2f%% time (paired medians of %d)\n",
+                  100.0 * (r_i8[rounds / 2] - 1.0), 100.0 * (r_x8[rounds / 2] - 1.0), rounds);
+    }
+    // Probe kCorrectedExpCast (E4M3 and INT8 Q/K): ExpCast codes moved onto the exact exponential's E4M3
+    // rounding by a quadratic within the octave. Time against ExpCast and against exp2 (INT8), paired; rel L2
+    // against exact FP64 attention on 64 sampled rows per head (B = 1 only).
+    if (B == 1) {
+      using namespace openvc::sm90;
+      LaunchPlan pe, p8, p8x;
+      CHECK_OK(plan_attention(ap, nullptr, &pe));
+      CHECK_OK(plan_attention(ap8, nullptr, &p8));
+      CHECK_OK(plan_attention(ap8x, nullptr, &p8x));
+      constexpr int kI8 = kInt8QkMode, kX8 = kExp2PMode | kInt8QkMode;
+      std::vector<__nv_bfloat16> hq(n), hk(n), hv(n), ho(n);
+      CHECK_CUDA(cudaMemcpy(hq.data(), q, n * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hk.data(), k, n * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hv.data(), v, n * 2, cudaMemcpyDeviceToHost));
+      struct Entry {
+        const char* name;
+        std::function<openvc::Status()> launch;
+      };
+      const Entry entries[] = {
+          {"e4m3 expcast", [&] { return launch_kernel<kPlainMode, kNoProbe>(pe, s); }},
+          {"e4m3 corrected", [&] { return launch_kernel<kPlainMode, kCorrectedExpCast>(pe, s); }},
+          {"int8 expcast", [&] { return launch_kernel<kI8, kNoProbe>(p8, s); }},
+          {"int8 corrected", [&] { return launch_kernel<kI8, kCorrectedExpCast>(p8, s); }},
+          {"int8 exp2", [&] { return launch_kernel<kX8, kNoProbe>(p8x, s); }},
+      };
+      constexpr int kE = 5;
+      double err[kE];
+      for (int e = 0; e < kE; ++e) {
+        CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));
+        CHECK_OK(entries[e].launch());
+        CHECK_CUDA(cudaMemcpyAsync(ho.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+        CHECK_CUDA(cudaStreamSynchronize(s));
+        err[e] = sampled_rel_l2(hq, hk, hv, ho, S, H, D, 64);
+      }
+      std::vector<std::vector<float>> ratio(kE);
+      for (int r = 0; r < rounds; ++r) {
+        float t[kE];
+        for (int e = 0; e < kE; ++e)
+          t[(e + r) % kE] = graph_median_ms([&] { CHECK_OK(entries[(e + r) % kE].launch()); }, s, 1, reps);
+        for (int e = 0; e < kE; ++e) ratio[e].push_back(t[e] / t[e < 2 ? 0 : 2]);   // vs the same Q/K format's ExpCast
+      }
+      for (int e = 0; e < kE; ++e) {
+        std::sort(ratio[e].begin(), ratio[e].end());
+        std::printf("  p-format probe %-15s rel L2 vs exact %.4f | time vs %s expcast %+.2f%% (paired median of %d)\n",
+                    entries[e].name, err[e], e < 2 ? "e4m3" : "int8", 100.0 * (ratio[e][rounds / 2] - 1.0), rounds);
+      }
+    }
 #endif
     CHECK_CUDA(cudaFree(qc8));
     CHECK_CUDA(cudaFree(kc8));
@@ -316,8 +427,29 @@ int main(int argc, char** argv) {
     };
     // "prev causal" / "prev int8" / "prev int8-causal": those instantiations side by side (S = Sq = Sk).
     const std::string sel = only_prev && argc > 7 ? argv[7] : "";
-    if (sel == "causal" || sel == "int8-causal") ap.causal = true;
-    if (sel == "int8" || sel == "int8-causal") {   // INT8 Q/K codes of the same inputs (numerics section 9)
+    if (sel == "causal" || sel == "int8-causal" || sel == "varlen-causal") ap.causal = true;
+    // "prev varlen" / "prev varlen-causal": the B sequences as packed ones (cu = {0, S, .., B*S}, the batched
+    // layout); "prev keys": batched with key counts S - 64 * (b + 1) (the varlen mode's key-count form).
+    if (sel == "varlen" || sel == "varlen-causal" || sel == "keys") {
+      std::vector<int> host(B + 1);
+      for (int b = 0; b <= B; ++b) host[b] = sel == "keys" ? std::max(0, S - 64 * (b + 1)) : b * S;
+      int* dev;
+      CHECK_CUDA(cudaMalloc(&dev, host.size() * 4));
+      CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+      if (sel == "keys") {
+        pp.seqused_k = dev, ap.seqused_k = dev;
+      } else {
+        pp.cu_seqlens_q = pp.cu_seqlens_k = dev, ap.cu_seqlens_q = ap.cu_seqlens_k = dev;
+        pp.max_seqlen_q = pp.max_seqlen_k = S, ap.max_seqlen_q = ap.max_seqlen_k = S;
+        pp.num_seqs = ap.num_seqs = B;
+        pp.total_q = pp.total_k = ap.total_q = ap.total_k = int64_t(B) * S;
+      }
+      CHECK_OK(openvc::prepare_fp8(pp, s));
+    }
+    if (sel == "int8-exp2-causal") ap.causal = true;
+    if (sel == "int8-exp2" || sel == "int8-exp2-causal") ap.p_format = openvc::PFormat::kExp2;
+    if (sel == "int8" || sel == "int8-causal" || sel == "int8-exp2" || sel == "int8-exp2-causal") {
+      // INT8 Q/K codes of the same inputs (numerics section 9)
       uint8_t *qc8, *kc8;
       float *qs8, *ks8;
       CHECK_CUDA(cudaMalloc(&qc8, n));

@@ -30,6 +30,26 @@ __device__ __forceinline__ uint32_t expcast_pair(float s0, float s1, float a, fl
   return h;
 }
 
+// Probe kCorrectedExpCast: E4M3 codes are linear in log2 only at octave edges (value 2^e (1 + m/8)), so the
+// linear code x (scaled domain, bias 120: no beta) is moved by g(d) = (k/8) d^2 - k |d|, d = x minus the
+// nearest multiple of 8 codes, k = 0.3431 (8 (2^f - 1 - f) ~ -8k f (1 - f) within 0.03 codes): the rounded
+// code then equals the E4M3 rounding of the exact exponential for 98% of scores, relative error RMS 2.66%
+// against 2.65% (ExpCast: 79.6%, 3.30%; u uniform over 9.7 nats below the max, normal codes).
+inline constexpr float kCorrectK = 0.3431f;
+inline constexpr float kCorrectBiasScaled = 120.0f * kDomainScale;
+__device__ __forceinline__ float corrected_code(float x) {
+  const float t = __fadd_rn(__fadd_rn(x, 6.0f), -6.0f);   // 6.0 has spacing 2^-21 = 8 scaled codes
+  const float ad = fabsf(__fadd_rn(x, -t));
+  return fmaf(fmaf(ad, kCorrectK * 0.125f * 0x1p24f, -kCorrectK), ad, x);
+}
+__device__ __forceinline__ uint32_t corrected_pair(float s0, float s1, float a, float b) {
+  const float x0 = corrected_code(fmaf(s0, a, b));
+  const float x1 = corrected_code(fmaf(s1, a, b));
+  uint32_t h;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+  return h;
+}
+
 // As expcast_pair with one multiplier per score (repair tiles: every repair key keeps its own block's
 // K descale, so a = qscale * descale_k varies along the row).
 __device__ __forceinline__ uint32_t expcast_pair2(float s0, float s1, float a0, float a1, float b) {

@@ -26,6 +26,9 @@ enum Probe : int {
                         // scores below ~7e5 nats)
   kInt8ConvertMagic = 16384,  // INT8 mode: int32 scores to FP32 by the exact IADD + FADD instead of
                               // I2FP.F32.S32 (softmax.cuh, int8_score; the same result)
+  kCorrectedExpCast = 32768,  // ExpCast codes moved onto the E4M3 rounding of the exact exponential: the
+                              // linear code plus a quadratic in its position within the octave (expcast.cuh,
+                              // corrected_code; 5 FP32 operations more per score; a different result)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.

@@ -225,21 +225,23 @@ __device__ __forceinline__ void fill_pv_operand(const float (&s)[64], A a, float
 // (kPackedKeyOrder) so this register order is the key order the tensor core expects.
 // INT8 (QuadMult): s holds the int32 sums' bits, converted here as the FMA's input; chunks 0..7 (kb 0, 1)
 // take the half-0 multipliers, chunks 8..15 (kb 2, 3) the half-1 ones.
-template <bool kClip, bool kMagic = false, typename A>
+template <bool kClip, bool kMagic = false, bool kCorrected = false, typename A>
 __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_lo, float b_hi, uint32_t (&p)[16]) {
   if constexpr (std::is_same_v<A, QuadMult>) {
     fill_pv_operand(
         s, a, b_lo, b_hi,
         [](float s0, float s1, float a_, float b_) {
           const float x0 = int8_score<kMagic>(s0), x1 = int8_score<kMagic>(s1);
-          return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
+          if constexpr (kCorrected) return corrected_pair(x0, x1, a_, b_);
+          else return kClip ? expcast_pair_clipped(x0, x1, a_, b_) : expcast_pair(x0, x1, a_, b_);
         },
         [](uint32_t h01, uint32_t h23) { return pack_codes(h01, h23); }, p);
   } else {
     fill_pv_operand(
         s, a, b_lo, b_hi,
         [](float s0, float s1, float a_, float b_) {
-          return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
+          if constexpr (kCorrected) return corrected_pair(s0, s1, a_, b_);
+          else return kClip ? expcast_pair_clipped(s0, s1, a_, b_) : expcast_pair(s0, s1, a_, b_);
         },
         [](uint32_t h01, uint32_t h23) { return pack_codes(h01, h23); }, p);
   }
@@ -339,8 +341,13 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
     if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
     return;
   }
-  const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
   constexpr bool kMagic = (kProbe & kInt8ConvertMagic) != 0;
+  if constexpr ((kProbe & kCorrectedExpCast) != 0) {   // probe: codes near the exact exponential's E4M3 rounding
+    convert_tile<false, kMagic, true>(s, a, kCorrectBiasScaled - st.m_lo, kCorrectBiasScaled - st.m_hi, st.p);
+    if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
+    return;
+  }
+  const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
   if (kMaybePartial && clip)
     convert_tile<true, kMagic>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
   else convert_tile<false, kMagic>(s, a, b_lo, b_hi, st.p);
