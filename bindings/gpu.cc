@@ -115,6 +115,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(attn, AttentionParams, out_dtype);
   OPENVC_FIELD(attn, AttentionParams, blocks);
   OPENVC_FIELD(attn, AttentionParams, causal_chunk);
+  OPENVC_FIELD(attn, AttentionParams, v_descale_per_block);
 
   auto general = openvc_bindings::params_class<GeneralAttentionParams>(m, "GeneralAttentionParams",
                                                                       "openvc::GeneralAttentionParams.");

@@ -210,6 +210,14 @@ struct AttentionParams {
   // causal_chunk tokens and of the chunks before it (frame-causal video with causal_chunk = tokens per frame).
   // 1 (the default) is plain causal. >= 1; != 1 needs causal. Last, as above.
   int causal_chunk = 1;
+  // V descale per 128-key block (numerics section 4, "V descale per key block"): in.v_descale is
+  // [B, H, ceil(seqlen_k/128)] (packed: [num_seqs, H, ceil(max_seqlen_k/128)]) instead of [B, H], and each
+  // key block's values are scaled by their own descale. For keys quantized in separate chunks (an FP8 KV
+  // cache: each chunk prepared once with its own V scale, its descale repeated over its 128-key blocks,
+  // chunks starting at multiples of 128 keys). ExpCast P, E4M3 or INT8 Q/K, head dim 128, with or without
+  // cu_seqlens / seqused_k; not causal, repair rows, the VC mode, key block lists or p_format kExp2
+  // (Status::Unsupported naming v_descale_per_block). Last, as above.
+  bool v_descale_per_block = false;
 };
 Status attention_fp8(const AttentionParams& params, cudaStream_t stream);
 

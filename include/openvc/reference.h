@@ -176,6 +176,10 @@ struct AttentionOptions {
   PFormat p_format = PFormat::kExpCast;
   const KeyBlockLists* key_blocks = nullptr;   // optional block-sparse lists (above); last, as above
   int causal_chunk = 1;         // with causal: chunked causal (causal_key_limit); last, as above
+  // Optional V descale per key block ([nseq, H, max_blocks of in.k], the kernel's v_descale_per_block):
+  // key j of (s, h) weighs decode(V8_j) * v_block_descale[(s * H + h) * max_blocks + j / 128] and the output
+  // takes no head descale (numerics section 4). Not with repair rows. Last, as above.
+  const float* v_block_descale = nullptr;
 };
 
 // Repair rows of section 6, per (sequence, head): the selected token indices (largest residual

@@ -160,7 +160,9 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const float* dk = int8 ? &in.k8.descale[g * in.k8.groups] : &in.k.descale[g * in.k.max_blocks];
   auto k_index = [int8](int64_t j) { return int8 ? int8_key_descale_index(j) : j / kQuantBlock; };
   const int key_groups = int8 ? kInt8KeyGroups : 1;  // K descales (multipliers) per key block
-  const double dv = in.v.descale[g];
+  // V block descales (opt.v_block_descale): applied to each key's decoded values, the head descale then 1.
+  const float* dvb = opt.v_block_descale ? opt.v_block_descale + g * in.k_seqs.max_blocks() : nullptr;
+  const double dv = dvb ? 1.0 : in.v.descale[g];
   const int max_q = in.q_seqs.max_length();
   float* lse = res->lse.data() + g * max_q;
 
@@ -171,7 +173,10 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const std::vector<double> K =
       int8 ? internal::int8_rows(in.k8.codes.data() + k0 * stride + h * D, sk, stride, D)
            : internal::decode_rows(in.k.codes.data() + k0 * stride + h * D, sk, stride, D);
-  const std::vector<double> V = internal::decode_rows(in.v.codes.data() + k0 * stride + h * D, sk, stride, D);
+  std::vector<double> V = internal::decode_rows(in.v.codes.data() + k0 * stride + h * D, sk, stride, D);
+  if (dvb != nullptr)
+    for (int64_t j = 0; j < sk; ++j)
+      for (int c = 0; c < D; ++c) V[j * D + c] *= dvb[j / kQuantBlock];
   const std::vector<double> KP = internal::key_panels(K.data(), sk, D);
   const VRepair* rep = in.repair;
   const int rcount = rep ? rep->count[g] : 0;
@@ -337,6 +342,8 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
   OPENVC_RETURN_IF_ERROR(check_prepared(in));
   const int nseq = in.q_seqs.count(), H = in.q_seqs.num_heads, D = in.q_seqs.head_dim;
   const float tau = internal::resolve_softmax_scale(opt.softmax_scale, D);
+  if (opt.v_block_descale != nullptr && in.repair != nullptr)
+    return Status::Unsupported("opt.v_block_descale: V block descales do not combine with repair rows");
   if (opt.key_blocks != nullptr) {
     const KeyBlockLists& kb = *opt.key_blocks;
     const int64_t q_tiles = (in.q_seqs.max_length() + kQuantBlock - 1) / kQuantBlock;

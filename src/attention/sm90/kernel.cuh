@@ -48,6 +48,10 @@ struct alignas(1024) SharedStorage {
                 "repair and VC modes are built for head dim 128 only");
   static_assert(!has_mode<kMode>(kExp2PMode) || has_mode<kMode>(kInt8QkMode),
                 "the exp2 P format is built for INT8 Q/K only (not with repair or VC)");
+  static_assert(!has_mode<kMode>(kVBlockDescaleMode) ||
+                    (has_mode<kMode>(kVarlenMode) &&
+                     !has_mode<kMode>(Mode(kVcMode | kRepairMode | kBlockListMode | kHeadDim64Mode | kExp2PMode))),
+                "V block descales are built with varlen, head dim 128 (not repair, VC, block lists or exp2)");
   static_assert(!has_mode<kMode>(kBlockListMode) ||
                     !has_mode<kMode>(Mode(kVcMode | kRepairMode | kCausalMode | kVarlenMode | kExp2PMode)),
                 "key block lists are built for batched calls (not causal, varlen, repair, VC or exp2)");
@@ -164,10 +168,12 @@ __device__ __forceinline__ void release(uint64_t* bar) {
 }
 
 // Flush of the tensor-core partial into the FP32 accumulator, in the kernel's mode.
+// dv: kVBlockDescaleMode, the V descale of the tile whose product is flushed (one tile per flush there).
 template <int kMode>
 __device__ __forceinline__ void flush_partial(ConsumerState<ModeConfig<kMode>::kHeadDim>& st,
-                                              const SharedStorage<kMode>& sh, int stage, int t) {
+                                              const SharedStorage<kMode>& sh, int stage, int t, float dv) {
   if constexpr (has_mode<kMode>(kVcMode)) accumulate_tile_vc(st, sh.vc_mean[stage], t);
+  else if constexpr (has_mode<kMode>(kVBlockDescaleMode)) accumulate_tile<false, false, true>(st, dv);
   else accumulate_tile<false, has_mode<kMode>(kCausalMode)>(st);
 }
 
@@ -185,7 +191,8 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   // (a shuffle of an accumulator register here serializes the wgmma pipeline in ptxas 13.0).
   const float l_lo = kNoKeys ? 0.0f : st.o[kL], l_hi = kNoKeys ? 0.0f : st.o[kL + 2];
   // VC: per-channel descales, applied per column below (the V descale is then 1).
-  const float dv = kVc || kNoKeys ? 1.0f : p.v_descale[c.b * p.heads + c.h];
+  // V block descales (kVBlockDescaleMode) were applied as the tiles were accumulated.
+  const float dv = kVc || kNoKeys || has_mode<kMode>(kVBlockDescaleMode) ? 1.0f : p.v_descale[c.b * p.heads + c.h];
   const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * C::kHeadDim;
   // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
@@ -271,6 +278,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
   constexpr bool kInt8 = has_mode<kMode>(kInt8QkMode);
   constexpr bool kExp2 = has_mode<kMode>(kExp2PMode);   // P format exp2 (INT8 only)
+  constexpr bool kVScale = has_mode<kMode>(kVBlockDescaleMode);   // V descale per key block
+  constexpr bool kFlushEach = kVc || kVScale;   // every tile's product flushed on its own
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -294,6 +303,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     };
     const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
     const float* kd = k_descales<kInt8>(p, c);
+    // kVScale: the (b, h)'s V block descales and the one of the block whose codes st.p holds (its PV product
+    // is flushed one step later).
+    const float* vd = kVScale ? p.v_descale + (int64_t(c.b) * p.heads + c.h) * p.num_k_blocks : nullptr;
+    float dv_p = 1.0f;
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
     int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
@@ -336,6 +349,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       tile_max<kProbe>(s, a, mask, t, true, t_lo, t_hi);
       update_max<kCausal>(st, t_lo, t_hi, false);
       convert_step<kProbe, true, kExp2>(st, s, a, mask, t, true, clip);
+      if constexpr (kVScale) dv_p = __ldg(vd + blk);
     }
     RingState<C::kStages> prev = ring;
     ring.advance();
@@ -372,6 +386,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       // Causal full steps run to the last block, so they test for it (and for the prefetch bound).
       constexpr bool kMaybeLast = kMaybePartial || kCausal;
       blk = order(i);
+      const float dv_blk = kVScale ? __ldg(vd + blk) : 1.0f;
       const KDescale kd_blk = kd_next;
       if (!kMaybeLast || i + 1 < n) kd_next = prefetch_k_descale<kInt8>(kd, order(i + 1), t);
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
@@ -387,12 +402,13 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
       // next PV's zero-init flag is a warpgroup-wide operand).
       const bool flush =
-          kFlush == 2 ? !(kProbe & kSkipAccumulate) && (i % flush_tiles<kVc, kProbe>() == 0) : kFlush == 1;
-      if (flush) flush_partial<kMode>(st, sh, prev.stage, t);
+          kFlush == 2 ? !(kProbe & kSkipAccumulate) && (i % flush_tiles<kFlushEach, kProbe>() == 0) : kFlush == 1;
+      if (flush) flush_partial<kMode>(st, sh, prev.stage, t, dv_p);
       if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
       update_max<kCausal>(st, t_lo, t_hi, !flush);
       convert_step<kProbe, kMaybePartial, kExp2>(st, s, a, mask, t, false, clip);
+      dv_p = dv_blk;
       prev = ring;
       ring.advance();
     };
@@ -414,7 +430,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // group's last), then the remaining ones with the general step.
     if constexpr ((kProbe & kGeneralLoop) == 0) {
       constexpr bool kNeverFlush = (kProbe & kSkipAccumulate) != 0;
-      constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kVc, kProbe>();
+      constexpr int kGroup = kNeverFlush ? 1 : flush_tiles<kFlushEach, kProbe>();
       for (; i + kGroup - 1 <= last_full; i += kGroup) step_group<kGroup, kNeverFlush>(step, i);
     }
     for (; i < n; ++i) step(i, std::true_type{}, std::integral_constant<int, 2>{});
@@ -445,7 +461,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     fence_regs(st.pv);
     if constexpr (!kVc) release(&sh.v_empty[prev.stage]);
     if constexpr (kRepair) accumulate_numerator(st);
-    else flush_partial<kMode>(st, sh, prev.stage, t);
+    else flush_partial<kMode>(st, sh, prev.stage, t, dv_p);
     if constexpr (kVc) release(&sh.v_empty[prev.stage]);
     store_output<kMode>(st, p, w, row_base, g, t);
   }

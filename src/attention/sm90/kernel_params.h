@@ -11,7 +11,7 @@ struct KernelParams {
   int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
   const float* q_descale;   // [B, H, num_q_tiles]; INT8 Q (kInt8QkMode): [B, H, seqlen_q], one per row
   const float* k_descale;   // [B, H, num_k_blocks]
-  const float* v_descale;   // [B, H]
+  const float* v_descale;   // [B, H]; kVBlockDescaleMode: [B, H, num_k_blocks]
   __nv_bfloat16* out;       // [B, Sq, H, D] with strides
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;               // optional [B, H, Sq]

@@ -128,6 +128,10 @@ Status validate_form(const AttentionParams& p, bool vc) {
     return Status::Unsupported(std::string("in.qk_format kInt8: ") + (vc ? "the VC mode" : "repair rows") +
                                " take E4M3 Q/K only (kInt8 runs dense, causal, cu_seqlens and seqused_k calls)");
   if (has_block_list(p.blocks)) OPENVC_RETURN_IF_ERROR(validate_block_list(p, vc));
+  if (p.v_descale_per_block && (p.causal || p.repair.rows > 0 || vc || has_block_list(p.blocks) ||
+                                p.p_format == PFormat::kExp2 || in.head_dim != 128))
+    return Status::Unsupported("v_descale_per_block: V block descales take head_dim 128 and ExpCast P, without "
+                               "causal, repair rows, the VC mode or key block lists");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
@@ -217,7 +221,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
     return Status::Unsupported("attention_fp8: the FP8 ExpCast kernel needs an sm_90 (Hopper) GPU");
 
   const Shape sh = shape_of(params);
-  const bool varlen = sh.packed || params.seqused_k != nullptr;
+  // V block descales are built into the varlen mode only (its 3D maps take batched calls too).
+  const bool varlen = sh.packed || params.seqused_k != nullptr || params.v_descale_per_block;
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
@@ -305,7 +310,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                  (d == 64 ? kHeadDim64Mode : kPlainMode) |
                  (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode) |
                  (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode) |
-                 (has_block_list(params.blocks) ? kBlockListMode : kPlainMode);
+                 (has_block_list(params.blocks) ? kBlockListMode : kPlainMode) |
+                 (params.v_descale_per_block ? kVBlockDescaleMode : kPlainMode);
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks;
   kp.blk_index = bl.indices;

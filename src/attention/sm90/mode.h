@@ -44,6 +44,13 @@ enum Mode : int {
   // capacity, indices to [0, nk)), in the mid-window order of list positions. Batched calls (no causal,
   // varlen, repair or VC); E4M3 or INT8 Q/K, head dim 128 or 64.
   kBlockListMode = 128,
+  // V descale per 128-key block (AttentionParams::v_descale_per_block; numerics section 4, "V descale per
+  // key block"): v_descale is [sequences, H, nk] and each tile's PV product is scaled by its block's descale
+  // as it is added to the FP32 accumulator (flushed after every tile), so K/V chunks quantized separately
+  // (an FP8 KV cache) attend as one key sequence. Built with varlen (batched calls run the varlen mode's
+  // 3D maps; seqused_k marks the cache's length), E4M3 or INT8 Q/K, head dim 128 (not causal, repair, VC,
+  // block lists or exp2).
+  kVBlockDescaleMode = 256,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -79,6 +86,8 @@ inline constexpr int kProductionModes[] = {
     kBlockListMode | kHeadDim64Mode,
     kBlockListMode | kInt8QkMode,
     kBlockListMode | kInt8QkMode | kHeadDim64Mode,
+    kVBlockDescaleMode | kVarlenMode,
+    kVBlockDescaleMode | kVarlenMode | kInt8QkMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -102,7 +111,7 @@ inline std::string mode_name(int mode) {
   constexpr struct { int bit; const char* name; } kBits[] = {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
-      {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}};
+      {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;

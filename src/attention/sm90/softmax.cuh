@@ -74,17 +74,21 @@ __device__ __forceinline__ float shrink_exp2(float gap_log2) {
 // Adds the tensor-core product (at max m) into the FP32 accumulator (at max mo): one FFMA per value
 // with beta = 2^((m - mo)/8) <= 2^8. kNumeratorOnly: O only, not l (repair tiles add to the numerator
 // only, numerics section 6, so l stays the denominator of the original keys).
-template <bool kNumeratorOnly = false, bool kGuard = false, int kD>
-__device__ __forceinline__ void accumulate_tile(ConsumerState<kD>& st) {
+// kVScaled (kVBlockDescaleMode): the V columns take beta * dv, dv the tile's own V block descale; the row-sum
+// chunk keeps beta (l counts probabilities, not values), so the output's V descale is then 1.
+template <bool kNumeratorOnly = false, bool kGuard = false, bool kVScaled = false, int kD>
+__device__ __forceinline__ void accumulate_tile(ConsumerState<kD>& st, float dv = 1.0f) {
   constexpr int kChunks = kD / 8 + (kNumeratorOnly ? 0 : 1);
   const float beta_lo = growth_exp2<kGuard>((st.m_lo - st.mo_lo) * kMaxToLog2);
   const float beta_hi = growth_exp2<kGuard>((st.m_hi - st.mo_hi) * kMaxToLog2);
+  const float bv_lo = kVScaled ? beta_lo * dv : beta_lo, bv_hi = kVScaled ? beta_hi * dv : beta_hi;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
-    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], beta_lo, st.o[4 * j + 0]);
-    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], beta_lo, st.o[4 * j + 1]);
-    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], beta_hi, st.o[4 * j + 2]);
-    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], beta_hi, st.o[4 * j + 3]);
+    const float b_lo = j < kD / 8 ? bv_lo : beta_lo, b_hi = j < kD / 8 ? bv_hi : beta_hi;
+    st.o[4 * j + 0] = fmaf(st.pv[4 * j + 0], b_lo, st.o[4 * j + 0]);
+    st.o[4 * j + 1] = fmaf(st.pv[4 * j + 1], b_lo, st.o[4 * j + 1]);
+    st.o[4 * j + 2] = fmaf(st.pv[4 * j + 2], b_hi, st.o[4 * j + 2]);
+    st.o[4 * j + 3] = fmaf(st.pv[4 * j + 3], b_hi, st.o[4 * j + 3]);
   }
 }
 template <int kD>

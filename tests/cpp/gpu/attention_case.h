@@ -51,7 +51,20 @@ struct Case {
   // attention has no block mask, so only the reference on the same codes is compared.
   const BlockLists* blocks = nullptr;
   int causal_chunk = 1;             // with causal: chunked causal (numerics section 5)
+  // Fast path only: V descales per 128-key block (v_descale_per_block), the head's descale times a factor
+  // that varies over blocks and heads; the reference weighs the same codes alike (opt.v_block_descale), so
+  // only the reference on the same codes is compared.
+  bool v_block_descale = false;
 };
+
+// The per-block V descales of a v_block_descale case: [nseq * H, blocks], head descale times a factor.
+inline std::vector<float> v_block_descales(const std::vector<float>& head_descale, int blocks) {
+  constexpr float kFactor[] = {1.0f, 0.37f, 2.5f, 0.125f, 6.0f};
+  std::vector<float> out(head_descale.size() * size_t(blocks));
+  for (size_t g = 0; g < head_descale.size(); ++g)
+    for (int b = 0; b < blocks; ++b) out[g * blocks + b] = head_descale[g] * kFactor[(3 * b + g) % 5];
+  return out;
+}
 
 inline std::vector<int> offsets(const std::vector<int>& lens) {
   std::vector<int> cu{0};
@@ -120,6 +133,9 @@ inline void run_case(const Case& c) {
   opt.causal_chunk = c.causal_chunk;
   const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
   if (c.blocks) opt.key_blocks = &host_blocks;
+  const std::vector<float> vb_ref = c.v_block_descale ? v_block_descales(prep.v.descale, ks.max_blocks())
+                                                      : std::vector<float>();
+  if (c.v_block_descale) opt.v_block_descale = vb_ref.data();
   ref::AttentionResult want;
   ASSERT_TRUE(ref::attention_expcast(prep, opt, &want).ok());
 
@@ -148,7 +164,7 @@ inline void run_case(const Case& c) {
   const Dev<uint8_t> dq(prep.q.codes), dk(k_codes), dv(pack_v(prep.v.codes, ks, nk_arr));
   const Dev<float> dqs(relayout(prep.q.descale, prep.q.max_blocks, nq));
   const Dev<float> dks(relayout(prep.k.descale, prep.k.max_blocks, nk_arr));
-  const Dev<float> dvs(prep.v.descale);
+  const Dev<float> dvs(c.v_block_descale ? v_block_descales(prep.v.descale, nk_arr) : prep.v.descale);
   const Dev<int> dcu_q(qs.cu_seqlens), dcu_k(ks.cu_seqlens), dused(used);
   const Dev<int> dblk_n(c.blocks ? c.blocks->counts : std::vector<int>()),
       dblk_i(c.blocks ? c.blocks->indices : std::vector<int>());
@@ -200,6 +216,7 @@ inline void run_case(const Case& c) {
     f.num_seqs = p.num_seqs, f.max_seqlen_q = p.max_seqlen_q, f.max_seqlen_k = p.max_seqlen_k;
     f.total_q = p.total_q, f.total_k = p.total_k;
     f.seqused_k = p.seqused_k;
+    f.v_descale_per_block = c.v_block_descale;
     if (c.blocks) f.blocks = c.blocks->device(dblk_n.ptr(), dblk_i.ptr());
     st = openvc::attention_fp8(f, stream);
   } else {
@@ -286,9 +303,10 @@ inline void run_case(const Case& c) {
   // codes across a boundary); 0.05 is still well under one code step (ln(9/8) = 0.118). The mean
   // against exact attention is held to the reference's below.
   EXPECT_LE(lse_err, fast ? 0.05 : 1e-4);
-  if (c.blocks) {
-    std::printf("  [%s block lists B=%d H=%d D=%d w=%d] vs ref: rel_l2 %.1e max_abs %.1e, lse %.1e\n",
-                fast ? "fast" : "general", nseq, H, D, c.mid_window, e.rel_l2, e.max_abs, lse_err);
+  if (c.blocks || c.v_block_descale) {
+    std::printf("  [%s %s B=%d H=%d D=%d w=%d] vs ref: rel_l2 %.1e max_abs %.1e, lse %.1e\n",
+                fast ? "fast" : "general", c.blocks ? "block lists" : "V block descales", nseq, H, D, c.mid_window,
+                e.rel_l2, e.max_abs, lse_err);
     return;
   }
 

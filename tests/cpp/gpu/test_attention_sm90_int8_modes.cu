@@ -78,6 +78,7 @@ struct Int8ModeCase {
   int extra_max = 0;                 // packed: max_seqlen_q/k this much above the true maximum
   float qk_scale = 1.0f;             // q and k multiplied by this (sharp heads)
   const openvc::testing::BlockLists* blocks = nullptr;   // key block lists (batched; exact not compared)
+  bool v_block_descale = false;      // V descales per key block (attention_case.h; exact not compared)
 };
 
 Int8ModeCase batched(int B, int sq, int sk, int H, int D, bool causal, int w, bool video) {
@@ -149,6 +150,9 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   opt.p_format = exp2 ? ref::PFormat::kExp2 : ref::PFormat::kExpCast;
   const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
   if (c.blocks) opt.key_blocks = &host_blocks;
+  const std::vector<float> vb_ref =
+      c.v_block_descale ? openvc::testing::attention_case::v_block_descales(prep.v.descale, ref_blocks) : std::vector<float>();
+  if (c.v_block_descale) opt.v_block_descale = vb_ref.data();
   ref::AttentionResult want;
   ASSERT_TRUE(ref::attention_expcast(prep, opt, &want).ok());
 
@@ -180,7 +184,8 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   }
   const Dev<int8_t> dq(prep.q8.codes), dk(k_codes);
   const Dev<uint8_t> dv(pack_v(prep.v.codes, ks, nk));
-  const Dev<float> dqs(qd), dks(kd), dvs(prep.v.descale);
+  const Dev<float> dqs(qd), dks(kd),
+      dvs(c.v_block_descale ? openvc::testing::attention_case::v_block_descales(prep.v.descale, nk) : prep.v.descale);
   const Dev<int> dcu_q(qs.cu_seqlens), dcu_k(ks.cu_seqlens), dused(c.lens_k);
   const Dev<int> dblk_n(c.blocks ? c.blocks->counts : std::vector<int>()),
       dblk_i(c.blocks ? c.blocks->indices : std::vector<int>());
@@ -201,6 +206,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   p.lse = dlse.as<float>();
   p.mid_window_blocks = c.mid_window;
   p.causal = c.causal;
+  p.v_descale_per_block = c.v_block_descale;
   if (c.packed) {
     p.cu_seqlens_q = dcu_q.ptr(), p.cu_seqlens_k = dcu_k.ptr();
     p.total_q = total_q, p.total_k = total_k;
@@ -255,7 +261,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
       }
   EXPECT_EQ(lse_bad, 0) << "LSE rows that are not the reference's -inf or are not finite";
   EXPECT_LE(lse_err, 0.015);
-  if (c.blocks) return;   // exact attention has no block mask
+  if (c.blocks || c.v_block_descale) return;   // exact attention has no block mask or block V scales
 
   // Against exact attention on the original inputs: as accurate as the reference on the same codes.
   std::vector<double> exact;
@@ -347,6 +353,21 @@ TEST(Sm90Int8Modes, BlockLists) {
     c.blocks = &lists;
     run_int8_case(c, false);
   }
+}
+
+// V descales per key block (kVBlockDescaleMode | kVarlenMode | kInt8QkMode; E4M3: test_attention_sm90_v_blocks.cu):
+// batched, key counts and packed, against the reference weighing the same codes by the same block descales.
+TEST(Sm90Int8Modes, VBlockDescales) {
+  SKIP_WITHOUT_SM90();
+  Int8ModeCase c = batched(2, 1000, 1300, 2, 128, false, 4, true);
+  c.v_block_descale = true;
+  run_int8_case(c, false);
+  Int8ModeCase counts = batched(3, 700, 0, 2, 128, false, 4, false);
+  counts.lens_k = {1000, 517, 0}, counts.slot_k = 1000, counts.v_block_descale = true;
+  run_int8_case(counts, false);
+  Int8ModeCase pk = packed({300, 1000, 5}, {1000, 257, 0}, 2, 128, false, 4, true);
+  pk.v_block_descale = true;
+  run_int8_case(pk, false);
 }
 
 TEST(Sm90Int8Modes, Dense) {
