@@ -192,10 +192,10 @@ def check_token_strides(name, x):
                              f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
 
 
-def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3"):
+def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3", v_blocks=False):
     """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
-    sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format fmt; returns (B, Sq, Sk, H, D). prefix
-    names them in messages."""
+    sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format fmt (v_blocks: v_descale per key block);
+    returns (B, Sq, Sk, H, D). prefix names them in messages."""
     torch = import_torch()
     names = FP8_NAMES
     for name, x in zip(names, tensors):
@@ -208,7 +208,7 @@ def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3"):
             raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {shape_of(bad[1])}")
         sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
     b, sq, sk, h, d = sizes
-    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt), tensors, prefix, sizes)
+    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt, v_blocks), tensors, prefix, sizes)
     if min(sizes) < 1 or max(sizes) > INT_MAX:
         raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
     check_one_cuda_device(names, tensors, prefix)
@@ -509,7 +509,7 @@ def check_rank4_tokens(op, q, k, v, caller="prepare_fp8"):
     check_tokens(q, k, v, caller=caller)
 
 
-def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
+def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3", v_blocks=False):
     """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k and qk_format fmt); returns (N, total_q,
     total_k, H, D)."""
     torch = import_torch()
@@ -536,7 +536,7 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3"):
     n = cu_q.shape[0] - 1
     total_q, h, d = tensors[0].shape
     total_k = tensors[2].shape[0]
-    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, fmt), tensors, "",
+    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, fmt, v_blocks), tensors, "",
                         f"N={n} H={h} D={d} max_seqlen_q={max_q} max_seqlen_k={max_k}")
     if d not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
@@ -559,10 +559,11 @@ def attention_path(x, name="path") -> str:
 
 
 def check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mid_window_blocks, fmt="e4m3",
-                            p_fmt="expcast", path="auto"):
+                            p_fmt="expcast", path="auto", v_blocks=False):
     """open_vc_attn::attention_fp8's arguments up to its route: the formats (path "general": E4M3 and ExpCast
-    only), the scalars and a batched (offsets None) or packed preparation in the layouts of qk_format fmt;
-    returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
+    only), the scalars and a batched (offsets None) or packed preparation in the layouts of qk_format fmt
+    (v_blocks: v_descale per key block); returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
+    (N, total_q, total_k, H, D) packed."""
     fmt = qk_format(fmt)
     p_format(p_fmt)
     if attention_path(path) == "general":   # before the P format's own rule: the path is what refuses them
@@ -571,8 +572,8 @@ def check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mi
     p_format(p_fmt, fmt)
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is not None or cu_k is not None:
-        return True, check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt)
-    sizes = check_fp8_tensors(tensors, "", None, fmt)
+        return True, check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt, v_blocks)
+    sizes = check_fp8_tensors(tensors, "", None, fmt, v_blocks)
     if sizes[4] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
     return False, sizes

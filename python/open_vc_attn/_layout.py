@@ -62,24 +62,28 @@ def _qk_descales(n, sq, sk, h, qk_format):
     return (n, h, blocks(sq)), (n, h, nk)
 
 
-def fp8_expectations(b, sq, sk, h, d, qk_format="e4m3"):
+def fp8_expectations(b, sq, sk, h, d, qk_format="e4m3", v_blocks=False):
     """(name, shape, dtype name) of the six prepared tensors of PreparedFP8, in op order. qk_format "int8":
-    int8 Q/K codes, q_descale [B, H, Sq] (one per row), k_descale [B, H, ceil(Sk/128), INT8_KEY_GROUPS]."""
+    int8 Q/K codes, q_descale [B, H, Sq] (one per row), k_descale [B, H, ceil(Sk/128), INT8_KEY_GROUPS].
+    v_blocks: v_descale [B, H, ceil(Sk/128)], one per key block (attention_fp8 only)."""
     nk, codes = blocks(sk), CODE_DTYPES[qk_format]
     qd, kd = _qk_descales(b, sq, sk, h, qk_format)
     return (("q_codes", (b, sq, h, d), codes), ("q_descale", qd, "float32"),
             ("k_codes", (b, sk, h, d), codes), ("k_descale", kd, "float32"),
-            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (b, h), "float32"))
+            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"),
+            ("v_descale", (b, h, nk) if v_blocks else (b, h), "float32"))
 
 
-def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, qk_format="e4m3"):
+def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, qk_format="e4m3", v_blocks=False):
     """(name, shape, dtype name) of a packed-sequence preparation (N sequences), in op order (qk_format
-    "int8": q_descale [N, H, max_q], k_descale [N, H, ceil(max_k/128), INT8_KEY_GROUPS], int8 codes)."""
+    "int8": q_descale [N, H, max_q], k_descale [N, H, ceil(max_k/128), INT8_KEY_GROUPS], int8 codes;
+    v_blocks: v_descale [N, H, ceil(max_k/128)])."""
     nk, codes = blocks(max_k), CODE_DTYPES[qk_format]
     qd, kd = _qk_descales(n, max_q, max_k, h, qk_format)
     return (("q_codes", (total_q, h, d), codes), ("q_descale", qd, "float32"),
             ("k_codes", (total_k, h, d), codes), ("k_descale", kd, "float32"),
-            ("v_packed", (n, h, d, nk * QUANT_BLOCK), "uint8"), ("v_descale", (n, h), "float32"))
+            ("v_packed", (n, h, d, nk * QUANT_BLOCK), "uint8"),
+            ("v_descale", (n, h, nk) if v_blocks else (n, h), "float32"))
 
 
 def vc_expectations(b, sq, sk, h, d):

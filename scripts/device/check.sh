@@ -41,9 +41,6 @@
 #   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
 #                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
 #                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).
-#   block-sparse      scripts/device/block_sparse_bench.py: openvc with key block lists (open_vc_attn.masks)
-#                     against FlexAttention in the same process, S = 75,600 H = 40 by default; $OUT/block_sparse.json
-#                     ($BLOCK_SPARSE_ARGS appended).
 #   host-breakdown    scripts/device/host_breakdown.py: host time of each step of one eager attention() call
 #                     (Sq = Sk = 256, H = 12) against SDPA; $OUT/host_breakdown.json.
 #   ulysses           torchrun over every GPU of the machine: scripts/device/ulysses_multi_gpu.py.
@@ -54,6 +51,9 @@
 #   modes-int8        python -m open_vc_attn.bench.modes --cases int8 (issue 25's shapes: openvc e4m3 / int8 /
 #                     int8+smooth / int8+smooth+exp2, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS
 #                     rounds, default 7).
+#   modes-kvcache     python -m open_vc_attn.bench.modes --cases kvcache (issue 26's KV cache: one step of a 3-frame
+#                     chunk, 4,680 tokens, H = 12, after 18 cached frames of 1,560 tokens, against FA3 FP8 / BF16 and
+#                     cuDNN BF16), $OUT/modes-kvcache.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).
 #   modes-sparse      python -m open_vc_attn.bench.modes --cases sparse (issue 26: S = 75,600 H = 40, openvc dense,
 #                     block masks window / frame causal / random 10..100% / radial and chunked causal against
 #                     torch.compile(flex_attention) BF16 on the same BlockMask, acceptance lines printed at the end),
@@ -305,12 +305,6 @@ step_dispatch_floor() {
      ${FLOOR_ARGS:-} > "$OUT/dispatch-floor.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/dispatch-floor.log" | tail -120; exit $r)
 }
 
-step_block_sparse() {
-  step_install || return 1
-  (cd /tmp && timeout 420 "$PY" "$REPO/scripts/device/block_sparse_bench.py" --out "$OUT/block_sparse.json" \
-     ${BLOCK_SPARSE_ARGS:-} > "$OUT/block-sparse.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/block-sparse.log" | tail -40; exit $r)
-}
-
 step_host_breakdown() {
   step_install || return 1
   (cd /tmp && timeout 120 "$PY" "$REPO/scripts/device/host_breakdown.py" 2>&1 | grep -v Warn | tee "$OUT/host-breakdown.log";
@@ -374,6 +368,13 @@ step_modes_int8() {
      --out "$OUT/modes-int8.json" >> "$OUT/modes-int8.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-int8.log" | tail -40; exit $r)
 }
 
+step_modes_kvcache() {
+  step_install || return 1
+  anchors_wait modes-kvcache | tee -a "$OUT/modes-kvcache.log"
+  (cd /tmp && timeout 300 "$PY" -m open_vc_attn.bench.modes --cases kvcache --rounds "${MODES_ROUNDS:-7}" \
+     --out "$OUT/modes-kvcache.json" >> "$OUT/modes-kvcache.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-kvcache.log" | tail -20; exit $r)
+}
+
 step_modes_sparse() {
   step_install || return 1
   (cd /tmp && timeout "${MODES_SPARSE_TIMEOUT:-420}" "$PY" -m open_vc_attn.bench.modes --cases sparse \
@@ -396,7 +397,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 modes-sparse qk-tradeoff block-sparse "
+modes-int8 modes-kvcache modes-sparse qk-tradeoff "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do

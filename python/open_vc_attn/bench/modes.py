@@ -21,6 +21,12 @@ entry against every peer, of each INT8 entry against its E4M3 counterpart, and o
 their ExpCast twins (int8+smooth). Formats the installed build does not take (no qk_format, or no p_format /
 no ``_openvc_ext.PFormat``) are left out with the reason under ``skipped``.
 
+Case `kvcache` (issue 26, item 7): one denoising step of chunk-by-chunk video generation at Wan 1.3B 480p widths,
+a 3-frame chunk (4,680 tokens, H = 12) after 18 cached frames of 1,560 tokens (32,760 keys in all): ``openvc``
+is the step with open_vc_attn.kv_cache.FP8KVCache (the chunk's queries, keys and values prepared, the cached
+ones quantized once before timing), ``openvc-full`` the complete call preparing every key again, against FA3
+FP8 (pre-cast) and BF16 and cuDNN BF16 on the same shapes, each output checked against cuDNN BF16.
+
 Case `sparse` (issue 26, item 8; bench/sparse.py says what it times): at S = 75,600 (21 x 3,600), H = 40, openvc
 dense once, then openvc with block masks (temporal window +-2, frame causal, random densities 10 .. 100%,
 radial) and chunked causal against torch.compile(flex_attention) BF16 on the same BlockMask; each record gets
@@ -42,7 +48,7 @@ import time
 from . import harness, sparse
 from .harness import Eager
 
-CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse")
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache")
 # int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
 DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
@@ -155,6 +161,24 @@ def _dense_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     return entries, {e: flops for e in entries}
 
 
+def _kv_entries(torch, ova, cached, chunk, h, d=128):
+    """The kvcache case: one step against an FP8 KV cache of `cached` tokens (appended in 1,560-token frames
+    before timing), the complete call on every key, and the peers on the same q [1, chunk] and keys."""
+    from ..kv_cache import FP8KVCache
+    q, k_cur, v_cur = _qkv(torch, 1, chunk, h, d, 5)
+    _, k_old, v_old = _qkv(torch, 1, cached, h, d, 6)
+    cache = FP8KVCache(1, h, d, capacity=cached + chunk)
+    for t in range(0, cached, 1560):
+        cache.append(k_old[:, t:t + 1560], v_old[:, t:t + 1560])
+    k_all, v_all = torch.cat([k_old, k_cur], 1), torch.cat([v_old, v_cur], 1)
+    entries = {"openvc": lambda: cache.attention(q, k_cur, v_cur),
+               "openvc-full": lambda: ova.attention(q, k_all, v_all),
+               "cudnn-bf16": _sdpa(torch, q, k_all, v_all)}
+    entries.update(_fa3_entries(torch, q, k_all, v_all, False))
+    flops = harness.attention_flops(1, h, chunk, cached + chunk, d)
+    return entries, {e: flops for e in entries}
+
+
 def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     """The int8 case: openvc with each Q/K format (complete call in a CUDA graph and eager, and the kernel on
     a prepared input) against the peers. Entries of a format the build does not take are left out; the
@@ -216,6 +240,8 @@ def case_list(names):
                     ("int8-wan480-S32760-H40", dict(kind="qk", s=32760, h=40)),
                     ("int8-causal-S32768-H7", dict(kind="qk", s=32768, h=7, causal=True)),
                     ("int8-d64-S24576-H32", dict(kind="qk", s=24576, h=32, d=64))]
+        elif name == "kvcache":   # issue 26's KV-cache acceptance shape
+            out.append(("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)))
         elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
             out += sparse.case_list()
         else:
@@ -236,6 +262,8 @@ def _build_case(torch, ova, spec):
     kind = spec["kind"]
     if kind == "dense":
         return _dense_entries(torch, ova, 1, spec["s"], spec["h"], spec.get("d", 128), spec.get("causal", False))
+    if kind == "kv":
+        return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"])
     if kind == "packed":
         lens, h, d = spec["lens"], spec["h"], 128
         total = sum(lens)
@@ -355,7 +383,7 @@ def run(case_names, rounds, seed=0, on_record=None):
             if on_record:
                 on_record(records)
             continue
-        checks = check_outputs(torch, entries) if spec["kind"] == "qk" else {}
+        checks = check_outputs(torch, entries) if spec["kind"] in ("qk", "kv") else {}
         timers, errors = {}, {}
         for e, fn in entries.items():
             eager = isinstance(fn, Eager)
@@ -402,6 +430,9 @@ def run(case_names, rounds, seed=0, on_record=None):
             print("    " + sparse.format_case(name, rec["sparse"]), flush=True)
         else:
             print("    " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items() if not math.isnan(v)), flush=True)
+            if checks:
+                print("    rel L2 vs cuDNN BF16: " + ", ".join(
+                    f"{e} {v:.4f}" if isinstance(v, float) else f"{e} {v}" for e, v in checks.items()), flush=True)
         if errors or skipped:
             print(f"    errors: {errors}  skipped: {skipped}", flush=True)
         del entries, timers

@@ -21,7 +21,10 @@
   tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order; seqused_k:
   optional int32 key counts per batch entry or sequence. The op reads the Q/K format from qk_format, which
   must be the preparation's. p_format: "expcast" (ExpCast's linear P code) or "exp2" (P = E4M3 RNE of an
-  exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape.
+  exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
+  [B, H] (packed [N, H]) holds one V descale per head, as prepare_fp8 writes it; [B, H, ceil(Sk/128)] (packed
+  [N, H, ceil(max_seqlen_k/128)]) one per 128-key block (AttentionParams.v_descale_per_block: K/V chunks
+  quantized separately, e.g. open_vc_attn.kv_cache), fast path only (ValueError naming v_descale otherwise).
 
 The route is :func:`route`'s, once per call: the sm_90a fast path where it takes the call (head_dim 128 or
 64 within its 32-bit range; its dense kernel for batched, non-causal calls without key counts, else its
@@ -177,12 +180,21 @@ def route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k):
     return "fast" if packed or causal or seqused_k is not None else "dense"
 
 
+def v_descale_per_block(tensors):
+    """Whether v_descale holds one descale per 128-key block (rank 3) instead of one per head (rank 2)."""
+    return isinstance(tensors[5], torch.Tensor) and tensors[5].dim() == 3
+
+
 def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
                     p_format, path):
     """The op's argument rules (the CUDA and the fake implementation): (packed, sizes, route)."""
+    v_blocks = v_descale_per_block(tensors)
     packed, sizes = _checks.check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                    mid_window_blocks, qk_format, p_format, path)
+                                                    mid_window_blocks, qk_format, p_format, path, v_blocks)
     where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k)
+    if v_blocks and where == "general":
+        raise ValueError("v_descale: descales per key block (rank 3) run on the sm_90a fast path only, which cannot "
+                         "take this call (path='general', or past its range)")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes, where
 
@@ -197,27 +209,32 @@ def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, 
                                            softmax_scale, causal, mid_window_blocks, seqused_k, qk_format, p_format,
                                            path)
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
+    v_blocks = v_descale_per_block(tensors)
     if where == "dense":
         return enqueue_fast(tensors, tuple(int(s) for s in sizes), q_codes.device, softmax_scale, mid_window_blocks,
-                            return_lse, out_dtype, qk_format, p_format)
+                            return_lse, out_dtype, qk_format, p_format, v_blocks)
     return enqueue_sequence(where == "fast", tensors, packed, sizes, q_codes.device, cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
-                            out_dtype, qk_format, p_format)
+                            out_dtype, qk_format, p_format, v_blocks)
 
 
 def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None,
-                 qk_format="e4m3", p_format="expcast"):
+                 qk_format="e4m3", p_format="expcast", v_blocks=False):
     """The dense fast path on a checked batched preparation (tensors, or anything with data_ptr() and a
-    q_codes shape): allocates (out, lse) and enqueues the kernel (AttentionParams.p_format from p_format)."""
+    q_codes shape): allocates (out, lse) and enqueues the kernel (AttentionParams.p_format from p_format;
+    v_blocks: AttentionParams.v_descale_per_block)."""
     out, lse = attention_outputs(tensors[0], return_lse, dev.empty(device), out_dtype)
     p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks, qk_format,
                     p_format)
+    if v_blocks:
+        p.v_descale_per_block = True
     dev.enqueue(_ext.load().attention_fp8, p, device)
     return out, lse
 
 
 def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                     mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast"):
+                     mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast",
+                     v_blocks=False):
     """The fast path's causal / packed / key-count modes (fast) or the general path on checked arguments
     (tensors: as in :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast:
     AttentionParams.p_format from p_format; the general path's struct has no P format: it computes ExpCast,
@@ -238,6 +255,8 @@ def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, ma
         out_strides, lse_strides = out.stride()[:3], (h * sq, sq)
     if fast:
         dev.set_p_format(p, p_format)
+        if v_blocks:
+            p.v_descale_per_block = True
     else:   # the fast path's LSE layouts are fixed (the same ones)
         p.lse_stride_batch, p.lse_stride_head = lse_strides
     if seqused_k is not None:

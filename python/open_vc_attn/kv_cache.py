@@ -1,0 +1,169 @@
+"""An FP8 key/value cache for chunk-by-chunk video generation (docs/block_sparse.md, "KV cache").
+
+Autoregressive and diffusion-forcing video models (Self-Forcing, CausVid, MAGI-1, SkyReels-V2) generate a
+video chunk by chunk: while a chunk denoises, the keys and values of the chunks before it are fixed. An
+:class:`FP8KVCache` quantizes them once, when they are appended, and keeps them in the fast path's FP8
+layouts (half the memory of a BF16 cache); each denoising step then prepares only its queries and the
+current chunk's keys and values, and attends the cache and the chunk in one kernel call.
+
+Each appended piece keeps its own scales: K per 128-key block (as always) and V per piece, which the kernel
+applies per 128-key block (``attention_fp8`` with a rank-3 ``v_descale``, C++
+``AttentionParams::v_descale_per_block``; docs/numerics.md section 4). Pieces start at multiples of 128 keys:
+``append`` quantizes whole 128-key blocks only and keeps the remainder (fewer than 128 tokens) in BF16/FP16,
+re-quantized with the next call's keys, so nothing quantized is ever quantized again.
+
+    cache = FP8KVCache(batch=1, heads=12, head_dim=128, capacity=21 * 1560, device="cuda")
+    for chunk in chunks:
+        for step in steps:
+            q, k, v = ...                              # the chunk's tokens at this step, [B, n, H, D]
+            out = cache.attention(q, k, v)             # cached keys, then this chunk's own (all visible)
+        cache.append(k_clean, v_clean)                 # the finished chunk's keys and values, once
+
+Every call is enqueued on the current CUDA stream without a host synchronization (the cache's length lives
+on the host and in one device int32 per batch entry); a CUDA graph captured around ``attention`` replays
+with new q, k and v of the same shapes while the cache does not change (append after replaying, then
+capture again). Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees
+itself and everything cached), no K smoothing (each piece's own mean would shift its scores).
+"""
+from __future__ import annotations
+
+from . import _checks
+from ._layout import QUANT_BLOCK
+
+__all__ = ["FP8KVCache"]
+
+
+def _blocks(n: int) -> int:
+    return -(-n // QUANT_BLOCK)
+
+
+class FP8KVCache:
+    """Keys and values of earlier chunks in FP8, for :meth:`attention` with the current chunk.
+
+    batch, heads, head_dim: the attention's B, H and D (head_dim 128). capacity: the most tokens per batch
+    entry that the cache and one call's current keys hold together (memory: about 2 bytes per token, head and
+    channel, plus the scales). qk_format: "e4m3" or "int8" (the preparation's Q/K format). Buffers are
+    allocated once, on ``device``.
+    """
+
+    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, *, device=None, qk_format="e4m3"):
+        torch = _checks.import_torch()
+        for name, x in (("batch", batch), ("heads", heads), ("capacity", capacity)):
+            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
+        if head_dim != 128:
+            raise ValueError(f"head_dim: the FP8 KV cache takes 128 (the fast path's V block descales), got {head_dim!r}")
+        self.qk_format = _checks.qk_format(qk_format)
+        self.batch, self.heads, self.head_dim, self.capacity = batch, heads, head_dim, capacity
+        self.device = torch.device(device if device is not None else "cuda")
+        if self.device.type == "cuda" and self.device.index is None:   # tensors report their device's index
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        nk = _blocks(capacity)
+        slots, codes = nk * QUANT_BLOCK, torch.int8 if self.qk_format == "int8" else torch.uint8
+        kd_shape = (batch, heads, nk, 8) if self.qk_format == "int8" else (batch, heads, nk)
+        self._k = torch.zeros(batch, slots, heads, head_dim, dtype=codes, device=self.device)
+        self._k_descale = torch.zeros(kd_shape, dtype=torch.float32, device=self.device)
+        self._v = torch.zeros(batch, heads, head_dim, slots, dtype=torch.uint8, device=self.device)
+        self._v_descale = torch.zeros(batch, heads, nk, dtype=torch.float32, device=self.device)
+        self._used = torch.zeros(batch, dtype=torch.int32, device=self.device)
+        self._committed = 0            # tokens quantized into the cache (a multiple of 128)
+        self._tail = None              # (k, v) of the last < 128 appended tokens, not quantized yet
+
+    @property
+    def length(self) -> int:
+        """Tokens appended so far (quantized ones and the BF16 remainder)."""
+        return self._committed + (0 if self._tail is None else int(self._tail[0].shape[1]))
+
+    def memory_bytes(self) -> int:
+        """Bytes of the cache's device buffers (the BF16 remainder included)."""
+        bufs = [self._k, self._k_descale, self._v, self._v_descale, self._used]
+        if self._tail is not None:
+            bufs += list(self._tail)
+        return sum(x.numel() * x.element_size() for x in bufs)
+
+    def reset(self) -> None:
+        """Forgets every appended token (the buffers stay allocated)."""
+        self._committed, self._tail = 0, None
+
+    def _check_tokens(self, name, x, n_name):
+        torch = _checks.import_torch()
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor [B, {n_name}, H, D], got {type(x).__name__}")
+        want = (self.batch, self.heads, self.head_dim)
+        if x.dim() != 4 or (x.shape[0], x.shape[2], x.shape[3]) != want:
+            raise ValueError(f"{name}: expected shape [B={want[0]}, {n_name}, H={want[1]}, D={want[2]}] (the cache's), "
+                             f"got {tuple(x.shape)}")
+        if x.device != self.device:
+            raise ValueError(f"{name}: expected a tensor on the cache's device {self.device}, got {x.device}")
+
+    def _joined(self, k, v):
+        """The remainder followed by k, v (either may be absent): (k, v) or None."""
+        torch = _checks.import_torch()
+        if k is None and v is None:
+            return self._tail
+        if k is None or v is None:
+            raise ValueError(f"{'k' if k is None else 'v'}: k and v come together (both tensors or both None)")
+        self._check_tokens("k", k, "n")
+        self._check_tokens("v", v, "n")
+        if v.shape != k.shape:
+            raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        if self._committed + (0 if self._tail is None else self._tail[0].shape[1]) + k.shape[1] > self.capacity:
+            raise ValueError(f"k: {self.length} cached tokens and {k.shape[1]} more exceed the cache's capacity of "
+                             f"{self.capacity}")
+        if self._tail is None:
+            return k, v
+        if self._tail[0].dtype != k.dtype:
+            raise TypeError(f"k: expected the dtype of the keys appended before ({self._tail[0].dtype}), got {k.dtype}")
+        return torch.cat([self._tail[0], k], dim=1), torch.cat([self._tail[1], v], dim=1)
+
+    def _write(self, q, k, v):
+        """Prepares q with the keys k, v and writes their codes and scales at the cache's end (its first
+        uncommitted slot, a multiple of 128); returns the preparation (q's codes for the attention)."""
+        from .api import prepare_fp8
+        n = int(k.shape[1])   # _joined checked the capacity
+        prep = prepare_fp8(q, k, v, qk_format=self.qk_format)
+        t0, b0, nb = self._committed, self._committed // QUANT_BLOCK, _blocks(n)
+        self._k[:, t0:t0 + n].copy_(prep.k_codes)
+        self._k_descale[:, :, b0:b0 + nb].copy_(prep.k_descale)
+        self._v[:, :, :, t0:t0 + nb * QUANT_BLOCK].copy_(prep.v_packed)
+        self._v_descale[:, :, b0:b0 + nb].copy_(prep.v_descale[:, :, None].expand(-1, -1, nb))
+        return prep
+
+    def append(self, k, v) -> None:
+        """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): every whole
+        128-key block (with the remainder kept from earlier calls) is quantized once, with its own scales; the
+        last n mod 128 tokens stay in k's dtype until the next append or attention."""
+        joined = self._joined(k, v)
+        kk, vv = joined
+        full = (int(kk.shape[1]) // QUANT_BLOCK) * QUANT_BLOCK
+        if full > 0:
+            self._write(kk[:, :1], kk[:, :full], vv[:, :full])   # one query row: only the keys are kept
+            self._committed += full
+        self._tail = (kk[:, full:].clone(), vv[:, full:].clone()) if kk.shape[1] > full else None
+
+    def attention(self, q, k=None, v=None, *, softmax_scale=None, return_lse=False, out_dtype=None,
+                  mid_window_blocks=None):
+        """Attention of q [B, Sq, H, D] over the cached keys, the remainder and k, v [B, n, H, D] (the
+        current chunk's, not stored; optional), every key visible to every query. Returns out [B, Sq, H, D]
+        (BF16, or out_dtype), with return_lse (out, lse float32 [B, H, Sq]). softmax_scale None: 1/sqrt(D);
+        mid_window_blocks None: natural order (the cache's keys need not line up with q's positions)."""
+        from . import ops
+        from .api import prepare_fp8
+        self._check_tokens("q", q, "Sq")
+        scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
+        mid = _checks.mid_window(mid_window_blocks)
+        joined = self._joined(k, v)
+        if joined is None:
+            if self._committed == 0:
+                raise ValueError("k: the cache is empty and no keys were given")
+            prep = prepare_fp8(q, q[:, :1], q[:, :1], qk_format=self.qk_format)   # q's codes only
+            total = self._committed
+        else:
+            prep = self._write(q, *joined)
+            total = self._committed + int(joined[0].shape[1])
+        self._used.fill_(total)   # a device fill on the stream: no synchronization
+        tensors = (prep.q_codes, prep.q_descale, self._k, self._k_descale, self._v, self._v_descale)
+        out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, None, None, self._used),
+                                  *tensors, None, None, 0, 0, scale, False, mid, want_lse, self._used, out_dtype,
+                                  self.qk_format, "expcast")
+        return (out, lse) if want_lse else out
