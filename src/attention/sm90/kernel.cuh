@@ -279,7 +279,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kInt8 = has_mode<kMode>(kInt8QkMode);
   constexpr bool kExp2 = has_mode<kMode>(kExp2PMode);   // P format exp2 (INT8 only)
   constexpr bool kVScale = has_mode<kMode>(kVBlockDescaleMode);   // V descale per key block
-  constexpr bool kFlushEach = kVc || kVScale;   // every tile's product flushed on its own
+  constexpr bool kFlushEach = kVc;   // every tile's product flushed on its own (VC: each block's mean)
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -401,8 +401,12 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if constexpr (!kVc) release(&sh.v_empty[prev.stage]);
       // Flush the tensor-core partial every kFlushTiles tiles (uniform over the warpgroup, since the
       // next PV's zero-init flag is a warpgroup-wide operand).
-      const bool flush =
+      bool flush =
           kFlush == 2 ? !(kProbe & kSkipAccumulate) && (i % flush_tiles<kFlushEach, kProbe>() == 0) : kFlush == 1;
+      // kVScale: a tensor-core partial holds products of one V block descale only, so it is flushed early where
+      // this block's descale differs from the previous one's (at the seams of separately quantized pieces;
+      // redux.sync keeps the decision visibly uniform, as the next PV's zero-init flag must be).
+      if constexpr (kVScale) flush = flush || __reduce_or_sync(0xffffffffu, unsigned(dv_blk != dv_p)) != 0u;
       if (flush) flush_partial<kMode>(st, sh, prev.stage, t, dv_p);
       if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;

@@ -46,7 +46,8 @@ enum Mode : int {
   kBlockListMode = 128,
   // V descale per 128-key block (AttentionParams::v_descale_per_block; numerics section 4, "V descale per
   // key block"): v_descale is [sequences, H, nk] and each tile's PV product is scaled by its block's descale
-  // as it is added to the FP32 accumulator (flushed after every tile), so K/V chunks quantized separately
+  // as it is added to the FP32 accumulator (a partial is flushed early where the descale changes), so K/V
+  // chunks quantized separately
   // (an FP8 KV cache) attend as one key sequence. Built with varlen (batched calls run the varlen mode's
   // 3D maps; seqused_k marks the cache's length), E4M3 or INT8 Q/K, head dim 128 (not causal, repair, VC,
   // block lists or exp2).

@@ -57,12 +57,17 @@ struct Case {
   bool v_block_descale = false;
 };
 
-// The per-block V descales of a v_block_descale case: [nseq * H, blocks], head descale times a factor.
+// The per-block V descales of a v_block_descale case: [nseq * H, blocks], head descale times a factor per
+// piece of consecutive blocks (pieces of 3, 1, then 2 blocks: equal neighbours share a tensor-core partial in
+// the kernel, different ones are flushed apart).
 inline std::vector<float> v_block_descales(const std::vector<float>& head_descale, int blocks) {
   constexpr float kFactor[] = {1.0f, 0.37f, 2.5f, 0.125f, 6.0f};
   std::vector<float> out(head_descale.size() * size_t(blocks));
   for (size_t g = 0; g < head_descale.size(); ++g)
-    for (int b = 0; b < blocks; ++b) out[g * blocks + b] = head_descale[g] * kFactor[(3 * b + g) % 5];
+    for (int b = 0; b < blocks; ++b) {
+      const int piece = b < 3 ? 0 : b < 4 ? 1 : 2 + (b - 4) / 2;
+      out[g * blocks + b] = head_descale[g] * kFactor[(piece + g) % 5];
+    }
   return out;
 }
 
