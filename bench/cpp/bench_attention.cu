@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
     if (sel == "varlen" || sel == "varlen-causal" || sel == "keys") {
       std::vector<int> host(B + 1);
       for (int b = 0; b <= B; ++b) host[b] = sel == "keys" ? std::max(0, S - 64 * (b + 1)) : b * S;
-      int* dev;
+      int* dev;   // freed at exit with the tool's other buffers
       CHECK_CUDA(cudaMalloc(&dev, host.size() * 4));
       CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
       if (sel == "keys") {

@@ -21,11 +21,14 @@ re-quantized with the next call's keys, so nothing quantized is ever quantized a
 
 Every call is enqueued on the current CUDA stream without a host synchronization (the cache's length lives
 on the host and in one device int32 per batch entry); a CUDA graph captured around ``attention`` replays
-with new q, k and v of the same shapes while the cache does not change (append after replaying, then
-capture again). Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees
+with new q, k and v of the same shapes while the cache does not change. A graph captured before an
+``append`` must not be replayed after it: it writes the current chunk where the appended keys now are (and
+reads a remainder that no longer exists), so it corrupts the cache; capture again after each append. Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees
 itself and everything cached), no K smoothing (each piece's own mean would shift its scores).
 """
 from __future__ import annotations
+
+import numbers
 
 from . import _checks
 from ._layout import QUANT_BLOCK
@@ -48,15 +51,19 @@ class FP8KVCache:
 
     def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, *, device=None, qk_format="e4m3"):
         torch = _checks.import_torch()
-        for name, x in (("batch", batch), ("heads", heads), ("capacity", capacity)):
-            if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+        for name, x in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity)):
+            if not isinstance(x, numbers.Integral) or isinstance(x, bool):
+                raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
+            if x < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
         if head_dim != 128:
             raise ValueError(f"head_dim: the FP8 KV cache takes 128 (the fast path's V block descales), got {head_dim!r}")
         self.qk_format = _checks.qk_format(qk_format)
-        self.batch, self.heads, self.head_dim, self.capacity = batch, heads, head_dim, capacity
+        self.batch, self.heads, self.head_dim, self.capacity = int(batch), int(heads), int(head_dim), int(capacity)
         self.device = torch.device(device if device is not None else "cuda")
-        if self.device.type == "cuda" and self.device.index is None:   # tensors report their device's index
+        if self.device.type != "cuda":
+            raise ValueError(f"device: the FP8 KV cache lives on a CUDA device, got {self.device}")
+        if self.device.index is None:   # tensors report their device's index
             self.device = torch.device("cuda", torch.cuda.current_device())
         nk = _blocks(capacity)
         slots, codes = nk * QUANT_BLOCK, torch.int8 if self.qk_format == "int8" else torch.uint8
@@ -86,15 +93,21 @@ class FP8KVCache:
         self._committed, self._tail = 0, None
 
     def _check_tokens(self, name, x, n_name):
+        """x: [B, n, H, D] BF16 or FP16 on the cache's device (checked here, so that errors name x, not the
+        preparation's q, k or v that it becomes)."""
         torch = _checks.import_torch()
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor [B, {n_name}, H, D], got {type(x).__name__}")
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{name}: expected dtype torch.bfloat16 or torch.float16, got {x.dtype}")
         want = (self.batch, self.heads, self.head_dim)
         if x.dim() != 4 or (x.shape[0], x.shape[2], x.shape[3]) != want:
             raise ValueError(f"{name}: expected shape [B={want[0]}, {n_name}, H={want[1]}, D={want[2]}] (the cache's), "
                              f"got {tuple(x.shape)}")
         if x.device != self.device:
             raise ValueError(f"{name}: expected a tensor on the cache's device {self.device}, got {x.device}")
+        if x.requires_grad:
+            raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
 
     def _joined(self, k, v):
         """The remainder followed by k, v (either may be absent): (k, v) or None."""
@@ -105,9 +118,11 @@ class FP8KVCache:
             raise ValueError(f"{'k' if k is None else 'v'}: k and v come together (both tensors or both None)")
         self._check_tokens("k", k, "n")
         self._check_tokens("v", v, "n")
-        if v.shape != k.shape:
-            raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
-        if self._committed + (0 if self._tail is None else self._tail[0].shape[1]) + k.shape[1] > self.capacity:
+        if v.shape != k.shape or v.dtype != k.dtype:
+            raise ValueError(f"v: expected k's shape {tuple(k.shape)} and dtype {k.dtype}, got {tuple(v.shape)}, {v.dtype}")
+        if k.shape[1] == 0:   # an empty chunk: nothing to add
+            return self._tail
+        if self.length + k.shape[1] > self.capacity:
             raise ValueError(f"k: {self.length} cached tokens and {k.shape[1]} more exceed the cache's capacity of "
                              f"{self.capacity}")
         if self._tail is None:
@@ -130,10 +145,14 @@ class FP8KVCache:
         return prep
 
     def append(self, k, v) -> None:
-        """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): every whole
-        128-key block (with the remainder kept from earlier calls) is quantized once, with its own scales; the
-        last n mod 128 tokens stay in k's dtype until the next append or attention."""
+        """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): the remainder
+        kept from earlier calls followed by k, v is quantized in whole 128-key blocks, once, with its own scales;
+        its last (remainder + n) mod 128 tokens stay in k's dtype until the next append."""
+        if k is None or v is None:
+            raise ValueError(f"{'k' if k is None else 'v'}: append needs the keys and values to add, got None")
         joined = self._joined(k, v)
+        if joined is None:   # nothing appended yet and an empty chunk
+            return
         kk, vv = joined
         full = (int(kk.shape[1]) // QUANT_BLOCK) * QUANT_BLOCK
         if full > 0:

@@ -68,15 +68,14 @@ def test_cache_without_current_keys_and_append_after(torch):
     assert rel(out, exact(torch, q, torch.cat([k1, k2], 1), torch.cat([v1, v2], 1))[0]) < 0.08
     cache.reset()
     assert cache.length == 0
-    with pytest.raises(ValueError, match="k"):
+    with pytest.raises(ValueError, match="cache is empty"):
         cache.attention(q)
 
 
 @pytest.mark.gpu
 def test_rank3_v_descale_equals_per_head_when_uniform(torch):
     """attention_fp8 with v_descale [B, H, nk] holding the head's descale in every block: the per-head call's
-    output up to the flush period (the block mode adds every tile's product to FP32 on its own, the per-head
-    mode every two tiles' from the tensor cores' 13-bit accumulator: a few BF16 steps apart)."""
+    output up to where the descale is applied (per partial, before the FP32 add, against once at the end)."""
     q, k, v = torch_qkv(torch, 2, 900, 2, seed=5)
     prep = open_vc_attn.prepare_fp8(q, k, v)
     nk = _layout.blocks(900)
@@ -120,8 +119,38 @@ def test_rejected_calls_name_the_argument(torch):
         ops.attention_fp8_op(*t[:5], blocks, None, None, 0, 0, 0.0, False, 4, False, path="general")
     with pytest.raises(ValueError, match="v_descale"):   # the block count is ceil(Sk / 128)
         ops.attention_fp8_op(*t[:5], blocks[:, :, :1].contiguous(), None, None, 0, 0, 0.0, False, 4, False)
-    with pytest.raises(Exception, match="v_descale_per_block"):
-        ops.attention_fp8_op(*t[:5], blocks, None, None, 0, 0, 0.0, True, 4, False)   # causal
+    with pytest.raises(ValueError, match="v_descale.*causal"):
+        ops.attention_fp8_op(*t[:5], blocks, None, None, 0, 0, 0.0, True, 4, False)
+    with pytest.raises(ValueError, match="v: append needs"):
+        cache.append(k, None)
+    with pytest.raises(TypeError, match="k: expected dtype"):
+        cache.append(k.float(), v.float())
+
+
+@pytest.mark.gpu
+def test_block_boundaries_reset_and_fp16(torch):
+    """A remainder that a later piece completes to whole blocks (no remainder left), an empty chunk, reuse after
+    reset(), FP16 inputs and output, a capacity that is not a multiple of 128 filled to the brim."""
+    b, h = 1, 2
+    cache = FP8KVCache(b, h, 128, capacity=1000)
+    (k1, v1), (k2, v2), (k3, v3) = chunks(torch, b, [300, 84, 616], h, seed=50)   # 300 + 84 = 3 blocks
+    q = torch_qkv(torch, b, 200, h, seed=8)[0]
+    for k, v in ((k1, v1), (k2, v2)):
+        cache.append(k, v)
+    assert cache.length == 384 and cache._tail is None
+    cache.append(k2[:, :0], v2[:, :0])   # empty: nothing changes
+    assert cache.length == 384
+    out = cache.attention(q, k3, v3)     # 1000 keys: the capacity exactly
+    k_all, v_all = torch.cat([k1, k2, k3], 1), torch.cat([v1, v2, v3], 1)
+    assert rel(out, exact(torch, q, k_all, v_all)[0]) < 0.08
+    cache.reset()
+    cache.append(k3, v3)
+    assert rel(cache.attention(q), exact(torch, q, k3, v3)[0]) < 0.08
+    half = FP8KVCache(b, h, 128, capacity=1000)
+    half.append(k1.half(), v1.half())
+    out16 = half.attention(q.half(), k3.half(), v3.half(), out_dtype=torch.float16)
+    assert out16.dtype == torch.float16
+    assert rel(out16, exact(torch, q, torch.cat([k1, k3], 1), torch.cat([v1, v3], 1))[0]) < 0.08
 
 
 def test_constructor_rules_cpu(torch):
@@ -131,6 +160,10 @@ def test_constructor_rules_cpu(torch):
         FP8KVCache(1, 2, 128, capacity=0, device="cpu")
     with pytest.raises(ValueError, match="qk_format"):
         FP8KVCache(1, 2, 128, capacity=256, device="cpu", qk_format="fp16")
+    with pytest.raises(TypeError, match="batch"):
+        FP8KVCache(1.0, 2, 128, capacity=256, device="cpu")
+    with pytest.raises(ValueError, match="device"):
+        FP8KVCache(1, 2, 128, capacity=256, device="cpu")
 
 
 def test_bench_case_cpu():

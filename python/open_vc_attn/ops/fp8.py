@@ -24,7 +24,8 @@
   exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
   [B, H] (packed [N, H]) holds one V descale per head, as prepare_fp8 writes it; [B, H, ceil(Sk/128)] (packed
   [N, H, ceil(max_seqlen_k/128)]) one per 128-key block (AttentionParams.v_descale_per_block: K/V chunks
-  quantized separately, e.g. open_vc_attn.kv_cache), fast path only (ValueError naming v_descale otherwise).
+  quantized separately, e.g. open_vc_attn.kv_cache): fast path, head_dim 128, not causal, ExpCast P (ValueError
+  naming v_descale otherwise).
 
 The route is :func:`route`'s, once per call: the sm_90a fast path where it takes the call (head_dim 128 or
 64 within its 32-bit range; its dense kernel for batched, non-causal calls without key counts, else its
@@ -192,9 +193,11 @@ def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mi
     packed, sizes = _checks.check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                     mid_window_blocks, qk_format, p_format, path, v_blocks)
     where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k)
-    if v_blocks and where == "general":
-        raise ValueError("v_descale: descales per key block (rank 3) run on the sm_90a fast path only, which cannot "
-                         "take this call (path='general', or past its range)")
+    if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2"):
+        why = ("the sm_90a fast path cannot take this call (path='general', or past its range)" if where == "general"
+               else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128 else "p_format 'exp2'")
+        raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, ExpCast P "
+                         f"and no causal mask; not with {why}")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes, where
 
@@ -209,7 +212,7 @@ def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, 
                                            softmax_scale, causal, mid_window_blocks, seqused_k, qk_format, p_format,
                                            path)
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    v_blocks = v_descale_per_block(tensors)
+    v_blocks = tensors[5].dim() == 3   # checked above (v_descale_per_block)
     if where == "dense":
         return enqueue_fast(tensors, tuple(int(s) for s in sizes), q_codes.device, softmax_scale, mid_window_blocks,
                             return_lse, out_dtype, qk_format, p_format, v_blocks)
