@@ -21,7 +21,8 @@ import pytest
 import open_vc_attn
 from open_vc_attn import PreparedFP8
 from helpers import cpu_qkv
-from test_int8_mode import DENSE, _every_call_class, exact, fake_mode, int8_tensors, randn_qkv, rel_l2
+from test_gpu_int8_mode import _every_call_class, exact, randn_qkv, rel_l2
+from test_int8_mode import DENSE, fake_mode, int8_tensors
 
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
 EXP2 = dict(qk_format="int8", k_smoothing=True, p_format="exp2")
@@ -336,7 +337,7 @@ def test_gpu_exp2_more_accurate_than_expcast(torch):
 @pytest.mark.parametrize("fmt", [EXP2, EXP2_PLAIN], ids=["int8+smooth+exp2", "int8+exp2"])
 @pytest.mark.parametrize("d", [128, 64])
 def test_gpu_every_call_class_exp2(torch, fmt, d):
-    """test_int8_mode's call classes with P = exp2: dense, causal, key padding mask and counts (= the calls on
+    """test_gpu_int8_mode's call classes with P = exp2: dense, causal, key padding mask and counts (= the calls on
     the kept keys, bit for bit), packed = each sequence alone, LSE, rank 3 and FP16 out, D = 64; no call falls
     to the general path."""
     _require_pformat()
