@@ -1,5 +1,5 @@
 // Key block lists and chunked causal in the CPU reference (numerics section 5): against the dense call and
-// against exact attention over the same keys.
+// against exact attention over the same keys; V descales per key block (section 4) against the head's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +102,46 @@ TEST(Attention, ChunkedCausal) {
   EXPECT_GT(cross.rel_l2, 10 * e.rel_l2);   // the chunk really changes the mask
   causal.causal = false;   // a chunk needs causal
   EXPECT_EQ(attention_expcast(p.in, causal, &chunked).code(), StatusCode::kInvalidArgument);
+}
+
+// V descales per key block (section 4, AttentionOptions::v_block_descale): the head's descale in every block
+// is the plain call (up to the double rounding of where the descale is applied); a block's descale times 4
+// moves the output as that block's values times 4 move exact attention on the same operands (up to ExpCast's
+// weights); the LSE does not move.
+TEST(Attention, VBlockDescales) {
+  Problem p = make_problem({300, 700}, {1000, 260}, 2, 128, 31);
+  const int H = 2, nb = p.ks.max_blocks();
+  AttentionResult plain, same, scaled;
+  ASSERT_TRUE(attention_expcast(p.in, AttentionOptions{}, &plain).ok());
+  std::vector<float> vb(size_t(2) * H * nb);
+  for (size_t g = 0; g < size_t(2) * H; ++g)
+    for (int b = 0; b < nb; ++b) vb[g * nb + b] = p.in.v.descale[g];
+  AttentionOptions opt;
+  opt.v_block_descale = vb.data();
+  ASSERT_TRUE(attention_expcast(p.in, opt, &same).ok());
+  for (size_t i = 0; i < plain.out.size(); ++i) ASSERT_NEAR(same.out[i], plain.out[i], 1e-6 * (1 + std::fabs(plain.out[i])));
+  EXPECT_EQ(same.lse, plain.lse);
+  // Block 2 of every (sequence, head) 4x: the same as the values of its keys 4x, with the head's descale.
+  for (size_t g = 0; g < size_t(2) * H; ++g) vb[g * nb + 2] *= 4.0f;
+  ASSERT_TRUE(attention_expcast(p.in, opt, &scaled).ok());
+  EXPECT_EQ(scaled.lse, plain.lse);
+  testing::Qkv d = dequantized(p.in);
+  for (int s = 0; s < 2; ++s)
+    for (int t = 256; t < std::min(384, p.ks.length(s)); ++t)
+      for (size_t e = 0; e < size_t(H) * 128; ++e) d.v[(size_t(p.ks.cu_seqlens[s]) + t) * H * 128 + e] *= 4.0f;
+  // The output moves by the exact attention's move on the same operands (ExpCast weights differ from exact
+  // ones only by the code rounding): compare the two changes.
+  std::vector<double> e0, e1;
+  testing::Qkv d0 = dequantized(p.in);
+  ASSERT_TRUE(attention_exact(d0.q.data(), d0.k.data(), d0.v.data(), p.qs, p.ks, 0.0f, false, &e0).ok());
+  ASSERT_TRUE(attention_exact(d.q.data(), d.k.data(), d.v.data(), p.qs, p.ks, 0.0f, false, &e1).ok());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < plain.out.size(); ++i) {
+    const double got = double(scaled.out[i]) - plain.out[i], want = e1[i] - e0[i];
+    num += (got - want) * (got - want), den += want * want;
+  }
+  EXPECT_LT(std::sqrt(num / den), 0.05);   // ExpCast's per-weight error (about 3% RMS), not a wrong block
+  EXPECT_GT(den, 0.0);
 }
 
 }  // namespace
