@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu/attention_test_util.h"
@@ -69,6 +70,24 @@ inline std::vector<float> v_block_descales(const std::vector<float>& head_descal
       out[g * blocks + b] = head_descale[g] * kFactor[(piece + g) % 5];
     }
   return out;
+}
+
+// A call the fast path's rules accept (batched, Sq = Sk = 256, one head, every pointer into buf), for the tests
+// of the rules: each changes one field and expects the refusal to name the field (expect_refused).
+inline openvc::AttentionParams rule_test_call(const DevBuf& buf) {
+  openvc::AttentionParams p;
+  p.in.batch = 1, p.in.seqlen_q = 256, p.in.seqlen_k = 256, p.in.heads = 1;
+  auto* b = buf.as<uint8_t>();
+  p.in.q_codes = b, p.in.k_codes = b, p.in.v_packed = b;
+  p.in.q_descale = buf.as<float>(), p.in.k_descale = buf.as<float>(), p.in.v_descale = buf.as<float>();
+  p.out = b, p.out_stride_seq = 128, p.out_stride_head = 128;
+  return p;
+}
+// attention_fp8 refuses q with a message naming `field` (what: the case, for the failure message).
+inline void expect_refused(const openvc::AttentionParams& q, const std::string& field, const std::string& what) {
+  const openvc::Status st = openvc::attention_fp8(q, nullptr);
+  EXPECT_FALSE(st.ok()) << what;
+  EXPECT_NE(st.message().find(field), std::string::npos) << what << ": " << st.message();
 }
 
 inline std::vector<int> offsets(const std::vector<int>& lens) {

@@ -92,19 +92,10 @@ TEST(Sm90BlockList, RejectedCallsNameBlocks) {
   SKIP_WITHOUT_SM90();
   DevBuf buf(1 << 20);
   const int* ints = buf.as<int>();
-  openvc::AttentionParams p;
-  p.in.batch = 1, p.in.seqlen_q = 256, p.in.seqlen_k = 256, p.in.heads = 1;
-  auto* b = buf.as<uint8_t>();
-  p.in.q_codes = b, p.in.k_codes = b, p.in.v_packed = b;
-  p.in.q_descale = buf.as<float>(), p.in.k_descale = buf.as<float>(), p.in.v_descale = buf.as<float>();
-  p.out = b, p.out_stride_seq = 128, p.out_stride_head = 128;
+  openvc::AttentionParams p = rule_test_call(buf);
   p.blocks.num_blocks = ints, p.blocks.indices = ints;
   p.blocks.batch = 1, p.blocks.heads = 1, p.blocks.q_tiles = 2, p.blocks.capacity = 2;
-  auto expect_named = [&](const openvc::AttentionParams& q, const std::string& what) {
-    const openvc::Status st = openvc::attention_fp8(q, nullptr);
-    EXPECT_FALSE(st.ok()) << what;
-    EXPECT_NE(st.message().find("blocks"), std::string::npos) << what << ": " << st.message();
-  };
+  auto expect_named = [](const openvc::AttentionParams& q, const std::string& what) { expect_refused(q, "blocks", what); };
   openvc::AttentionParams q = p;
   q.causal = true;
   expect_named(q, "causal");

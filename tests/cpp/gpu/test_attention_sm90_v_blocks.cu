@@ -48,18 +48,12 @@ TEST(Sm90VBlockDescale, KeyCountsAndPacked) {
 TEST(Sm90VBlockDescale, RejectedCallsNameTheField) {
   SKIP_WITHOUT_SM90();
   DevBuf buf(1 << 20);
-  openvc::AttentionParams p;
-  p.in.batch = 1, p.in.seqlen_q = 256, p.in.seqlen_k = 256, p.in.heads = 1;
-  auto* b = buf.as<uint8_t>();
-  p.in.q_codes = b, p.in.k_codes = b, p.in.v_packed = b;
-  p.in.q_descale = buf.as<float>(), p.in.k_descale = buf.as<float>(), p.in.v_descale = buf.as<float>();
-  p.out = b, p.out_stride_seq = 128, p.out_stride_head = 128;
+  openvc::AttentionParams p = rule_test_call(buf);
   p.v_descale_per_block = true;
-  auto expect_named = [&](const openvc::AttentionParams& q, const std::string& what) {
-    const openvc::Status st = openvc::attention_fp8(q, nullptr);
-    EXPECT_FALSE(st.ok()) << what;
-    EXPECT_NE(st.message().find("v_descale_per_block"), std::string::npos) << what << ": " << st.message();
+  auto expect_named = [](const openvc::AttentionParams& q, const std::string& what) {
+    expect_refused(q, "v_descale_per_block", what);
   };
+  auto* b = buf.as<uint8_t>();
   openvc::AttentionParams q = p;
   q.causal = true;
   expect_named(q, "causal");
