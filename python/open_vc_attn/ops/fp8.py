@@ -188,7 +188,8 @@ def v_descale_per_block(tensors):
 
 def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
                     p_format, path):
-    """The op's argument rules (the CUDA and the fake implementation): (packed, sizes, route)."""
+    """The op's argument rules (the CUDA and the fake implementation): (packed, sizes, route, v_blocks), v_blocks:
+    v_descale holds one descale per key block."""
     v_blocks = v_descale_per_block(tensors)
     packed, sizes = _checks.check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                     mid_window_blocks, qk_format, p_format, path, v_blocks)
@@ -199,7 +200,7 @@ def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mi
         raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, ExpCast P "
                          f"and no causal mask; not with {why}")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
-    return packed, sizes, where
+    return packed, sizes, where, v_blocks
 
 
 def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
@@ -208,11 +209,10 @@ def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, 
     """The CUDA implementation of attention_fp8: the argument checks and the route, then the device and
     alignment checks, then the route's kernel."""
     tensors = (q_codes, q_descale, k_codes, k_descale, v_packed, v_descale)
-    packed, sizes, where = _attention_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                           softmax_scale, causal, mid_window_blocks, seqused_k, qk_format, p_format,
-                                           path)
+    packed, sizes, where, v_blocks = _attention_args(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                     softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
+                                                     p_format, path)
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
-    v_blocks = tensors[5].dim() == 3   # checked above (v_descale_per_block)
     if where == "dense":
         return enqueue_fast(tensors, tuple(int(s) for s in sizes), q_codes.device, softmax_scale, mid_window_blocks,
                             return_lse, out_dtype, qk_format, p_format, v_blocks)
@@ -277,7 +277,7 @@ _attention_op = torch.library.custom_op("open_vc_attn::attention_fp8", mutates_a
 def _attention_fake(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, cu_seqlens_q, cu_seqlens_k,
                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k=None,
                     out_dtype=None, qk_format="e4m3", p_format="expcast", path="auto"):
-    packed, sizes, _ = _attention_args((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
+    packed, sizes, _, _ = _attention_args((q_codes, q_descale, k_codes, k_descale, v_packed, v_descale), cu_seqlens_q,
                                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                                        mid_window_blocks, seqused_k, qk_format, p_format, path)
     return sequence_outputs(packed, sizes, return_lse, dev.like(q_codes), dev.like_full(q_codes), out_dtype)
