@@ -197,14 +197,21 @@ def test_gpu_opcheck_int8(torch):
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_with_new_inputs(torch):
+    replay_matches_eager(torch, SMOOTH, INT8, seeds=(5, 6, 7))
+
+
+def replay_matches_eager(torch, fmt, plain_fmt, seeds):
+    """Dense (fmt), key counts + causal (plain_fmt) and packed (fmt) attention() captured in one CUDA graph at
+    seeds[0]'s inputs, replayed with each later seed's inputs, offsets and counts: equal to eager calls.
+    (test_p_format runs it with the exp2 P format.)"""
     b, s, h = 2, 520, 2
-    q, k, v = randn_qkv(torch, b, s, s, h, seed=5)
+    q, k, v = randn_qkv(torch, b, s, s, h, seed=seeds[0])
     counts = torch.tensor([520, 300], dtype=torch.int32, device="cuda")
     cu = torch.tensor([0, 200, 520], dtype=torch.int32, device="cuda")
-    calls = lambda: (open_vc_attn.attention(q, k, v, **SMOOTH),
-                     open_vc_attn.attention(q, k, v, seqused_k=counts, causal=True, **INT8),
+    calls = lambda: (open_vc_attn.attention(q, k, v, **fmt),
+                     open_vc_attn.attention(q, k, v, seqused_k=counts, causal=True, **plain_fmt),
                      open_vc_attn.attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=520,
-                                            max_seqlen_k=520, **SMOOTH))
+                                            max_seqlen_k=520, **fmt))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -213,7 +220,7 @@ def test_gpu_cuda_graph_replay_with_new_inputs(torch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = calls()
-    for seed in (6, 7):
+    for seed in seeds[1:]:
         q2, k2, v2 = randn_qkv(torch, b, s, s, h, seed=seed)
         for dst, src in ((q, q2), (k, k2), (v, v2)):
             dst.copy_(src)

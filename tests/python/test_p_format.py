@@ -21,7 +21,7 @@ import pytest
 import open_vc_attn
 from open_vc_attn import PreparedFP8
 from helpers import cpu_qkv
-from test_gpu_int8_mode import _every_call_class, exact, randn_qkv, rel_l2
+from test_gpu_int8_mode import _every_call_class, exact, randn_qkv, rel_l2, replay_matches_eager
 from test_int8_mode import DENSE, fake_mode, int8_tensors
 
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
@@ -387,32 +387,7 @@ def test_gpu_opcheck_exp2(torch):
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_exp2(torch):
     _require_pformat()
-    b, s, h = 2, 520, 2
-    q, k, v = randn_qkv(torch, b, s, s, h, seed=16)
-    counts = torch.tensor([520, 300], dtype=torch.int32, device="cuda")
-    cu = torch.tensor([0, 200, 520], dtype=torch.int32, device="cuda")
-    calls = lambda: (open_vc_attn.attention(q, k, v, **EXP2),
-                     open_vc_attn.attention(q, k, v, seqused_k=counts, causal=True, **EXP2_PLAIN),
-                     open_vc_attn.attention(q[0], k[0], v[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=520,
-                                            max_seqlen_k=520, **EXP2))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        calls()   # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = calls()
-    for seed in (17, 18):
-        q2, k2, v2 = randn_qkv(torch, b, s, s, h, seed=seed)
-        for dst, src in ((q, q2), (k, k2), (v, v2)):
-            dst.copy_(src)
-        counts.copy_(torch.tensor([seed * 11, 519], dtype=torch.int32))
-        cu.copy_(torch.tensor([0, seed * 20, 520], dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
-        for got, want in zip(outs, calls()):
-            assert torch.equal(got, want)
+    replay_matches_eager(torch, EXP2, EXP2_PLAIN, seeds=(16, 17, 18))
 
 
 @pytest.mark.gpu
