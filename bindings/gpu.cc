@@ -83,6 +83,13 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(prep, PrepareParams, workspace);
   OPENVC_FIELD(prep, PrepareParams, workspace_bytes);
   OPENVC_FIELD(prep, PrepareParams, k_smoothing);
+  OPENVC_FIELD(prep, PrepareParams, k_codes_rows);
+  OPENVC_FIELD(prep, PrepareParams, k_descale_blocks);
+  OPENVC_FIELD(prep, PrepareParams, v_packed_columns);
+  OPENVC_FIELD(prep, PrepareParams, v_descale_per_block);
+  OPENVC_FIELD(prep, PrepareParams, kv_prefix_len);
+  OPENVC_FIELD(prep, PrepareParams, k_prefix);
+  OPENVC_FIELD(prep, PrepareParams, v_prefix);
 
   // RepairInputs::tokens is not bound: attention never reads it.
   auto repair = openvc_bindings::params_class<RepairInputs>(m, "RepairInputs", "openvc::RepairInputs (repair rows).");

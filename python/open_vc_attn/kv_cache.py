@@ -75,6 +75,7 @@ class FP8KVCache:
         self._used = torch.zeros(batch, dtype=torch.int32, device=self.device)
         self._committed = 0            # tokens quantized into the cache (a multiple of 128)
         self._tail = None              # (k, v) of the last < 128 appended tokens, not quantized yet
+        self._used_total = None        # the count _used holds (None: unknown, e.g. filled inside a graph capture)
 
     @property
     def length(self) -> int:
@@ -109,11 +110,10 @@ class FP8KVCache:
         if x.requires_grad:
             raise ValueError(f"{name}: requires_grad=True is not supported: openvc is inference-only")
 
-    def _joined(self, k, v):
-        """The remainder followed by k, v (either may be absent): (k, v) or None."""
-        torch = _checks.import_torch()
+    def _chunk(self, k, v):
+        """The checked current keys k, v, or None when absent or empty (capacity counted with the remainder)."""
         if k is None and v is None:
-            return self._tail
+            return None
         if k is None or v is None:
             raise ValueError(f"{'k' if k is None else 'v'}: k and v come together (both tensors or both None)")
         self._check_tokens("k", k, "n")
@@ -121,28 +121,37 @@ class FP8KVCache:
         if v.shape != k.shape or v.dtype != k.dtype:
             raise ValueError(f"v: expected k's shape {tuple(k.shape)} and dtype {k.dtype}, got {tuple(v.shape)}, {v.dtype}")
         if k.shape[1] == 0:   # an empty chunk: nothing to add
-            return self._tail
+            return None
         if self.length + k.shape[1] > self.capacity:
             raise ValueError(f"k: {self.length} cached tokens and {k.shape[1]} more exceed the cache's capacity of "
                              f"{self.capacity}")
-        if self._tail is None:
-            return k, v
-        if self._tail[0].dtype != k.dtype:
+        if self._tail is not None and self._tail[0].dtype != k.dtype:
             raise TypeError(f"k: expected the dtype of the keys appended before ({self._tail[0].dtype}), got {k.dtype}")
-        return torch.cat([self._tail[0], k], dim=1), torch.cat([self._tail[1], v], dim=1)
+        return k, v
 
-    def _write(self, q, k, v):
-        """Prepares q with the keys k, v and writes their codes and scales at the cache's end (its first
-        uncommitted slot, a multiple of 128); returns the preparation (q's codes for the attention)."""
-        from .api import prepare_fp8
-        n = int(k.shape[1])   # _joined checked the capacity
-        prep = prepare_fp8(q, k, v, qk_format=self.qk_format)
-        t0, b0, nb = self._committed, self._committed // QUANT_BLOCK, _blocks(n)
-        self._k[:, t0:t0 + n].copy_(prep.k_codes)
-        self._k_descale[:, :, b0:b0 + nb].copy_(prep.k_descale)
-        self._v[:, :, :, t0:t0 + nb * QUANT_BLOCK].copy_(prep.v_packed)
-        self._v_descale[:, :, b0:b0 + nb].copy_(prep.v_descale[:, :, None].expand(-1, -1, nb))
-        return prep
+    def _write(self, q, k, v, prefix=None):
+        """Prepares q with the keys prefix (the remainder, or None) followed by k, v, as one sequence, writing
+        the keys' codes and scales straight into the cache from its end (its first uncommitted slot, a multiple
+        of 128): no concatenation, no copy. Returns q's codes and descales. _chunk checked the capacity, so the
+        call's blocks end within the buffers."""
+        from .ops import fp8
+        t0, b0, slots = self._committed, self._committed // QUANT_BLOCK, int(self._k.shape[1])
+        return fp8.prepare_into_slots(
+            q, k, v, self.qk_format,
+            (self._k[:, t0], self._k_descale[:, :, b0], self._v[:, :, :, t0], self._v_descale[:, :, b0]),
+            dict(k_codes_rows=slots, k_descale_blocks=slots // QUANT_BLOCK, v_packed_columns=slots,
+                 v_descale_per_block=True), kv_prefix=prefix)
+
+    def _set_used(self, total):
+        """The device key count: one fill on the stream when it changes (never skipped while a CUDA graph is
+        captured, whose fill runs only at replay)."""
+        torch = _checks.import_torch()
+        if torch.cuda.is_current_stream_capturing():
+            self._used.fill_(total)
+            self._used_total = None
+        elif self._used_total != total:
+            self._used.fill_(total)
+            self._used_total = total
 
     def append(self, k, v) -> None:
         """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): the remainder
@@ -150,10 +159,11 @@ class FP8KVCache:
         its last (remainder + n) mod 128 tokens stay in k's dtype until the next append."""
         if k is None or v is None:
             raise ValueError(f"{'k' if k is None else 'v'}: append needs the keys and values to add, got None")
-        joined = self._joined(k, v)
-        if joined is None:   # nothing appended yet and an empty chunk
+        chunk = self._chunk(k, v)
+        if chunk is None:   # an empty chunk
             return
-        kk, vv = joined
+        torch = _checks.import_torch()
+        kk, vv = chunk if self._tail is None else (torch.cat([t, x], dim=1) for t, x in zip(self._tail, chunk))
         full = (int(kk.shape[1]) // QUANT_BLOCK) * QUANT_BLOCK
         if full > 0:
             self._write(kk[:, :1], kk[:, :full], vv[:, :full])   # one query row: only the keys are kept
@@ -171,17 +181,19 @@ class FP8KVCache:
         self._check_tokens("q", q, "Sq")
         scale, want_lse = _checks.softmax_scale(softmax_scale), _checks.return_lse(return_lse)
         mid = _checks.mid_window(mid_window_blocks)
-        joined = self._joined(k, v)
-        if joined is None:
-            if self._committed == 0:
-                raise ValueError("k: the cache is empty and no keys were given")
+        chunk = self._chunk(k, v)
+        total = self.length + (0 if chunk is None else int(chunk[0].shape[1]))
+        if chunk is not None:   # the remainder (if any) and the chunk, prepared as one sequence
+            q_codes, q_descale = self._write(q, *chunk, prefix=self._tail)
+        elif self._tail is not None:
+            q_codes, q_descale = self._write(q, *self._tail)
+        elif self._committed > 0:
             prep = prepare_fp8(q, q[:, :1], q[:, :1], qk_format=self.qk_format)   # q's codes only
-            total = self._committed
+            q_codes, q_descale = prep.q_codes, prep.q_descale
         else:
-            prep = self._write(q, *joined)
-            total = self._committed + int(joined[0].shape[1])
-        self._used.fill_(total)   # a device fill on the stream: no synchronization
-        tensors = (prep.q_codes, prep.q_descale, self._k, self._k_descale, self._v, self._v_descale)
+            raise ValueError("k: the cache is empty and no keys were given")
+        self._set_used(total)   # a device fill on the stream when the count changes: no synchronization
+        tensors = (q_codes, q_descale, self._k, self._k_descale, self._v, self._v_descale)
         out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, None, None, self._used),
                                   *tensors, None, None, 0, 0, scale, False, mid, want_lse, self._used, out_dtype,
                                   self.qk_format, "expcast")

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.nblocks + blk;
+  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.out_blocks + blk;
   const SeqSpan span = seq_span(s.in, c.b);
   if (token0 >= span.len) {  // past a packed sequence's end: no tokens, descale 0
     if (threadIdx.x == 0) *descale = 0.0f;
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   const int valid = span.len - token0;
-  // codes [total, H, D] contiguous ([B, S, H, D] when batched): token row stride H*D bytes.
-  uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
+  // codes [total, H, D] contiguous ([B, out_rows, H, D] when batched): token row stride H*D bytes.
+  uint8_t* out = s.codes + ((codes_row0(s, span, c.b) + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
   if (kSmooth && which == 1) {  // smoothed K (a CTA-uniform branch)
     float m[16];
@@ -242,10 +242,10 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int sub = threadIdx.x % kC;
   const int valid = span.len - token0;
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
-  uint8_t* out = s.codes + ((span.row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
+  uint8_t* out = s.codes + ((codes_row0(s, span, c.b) + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
   if (which == 1) {  // K (a CTA-uniform branch)
-    float* descale = s.descale + (bh * s.nblocks + blk) * kKeyGroups;
+    float* descale = s.descale + (bh * s.out_blocks + blk) * kKeyGroups;
     if (valid <= 0) {  // past the sequence's end or its key count: no key, descales 0
       if (threadIdx.x < kKeyGroups) descale[threadIdx.x] = 0.0f;
       return;
@@ -360,8 +360,15 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = c.blk * kBlockTokens;
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
   const float amax = __uint_as_float(args.v_amax[bh]);
-  // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0).
-  if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
+  // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0). Per-block descales (a KV
+  // cache's, batched only): every block of the call holds the head's descale.
+  if (threadIdx.x == 0) {
+    if (args.v_descale_blocks > 0) {
+      args.v_descale[bh * args.v_descale_blocks + c.blk] = descale_of(amax);
+    } else if (c.blk == 0) {
+      args.v_descale[bh] = descale_of(amax);
+    }
+  }
 
   // Thread (g, w) stores dims 4w..4w+3 of the 16 packed columns of key group g (phase 2 below).
   const int g = threadIdx.x & 7;

@@ -86,6 +86,40 @@ Dims dims_of(const PrepareParams& p) {
   return {false, p.batch, p.seqlen_q, p.seqlen_k};
 }
 
+// K and V in two parts (kv_prefix_len > 0): batched, no smoothing, at most seqlen_k keys in the first part.
+Status validate_prefix(const PrepareParams& p, const Dims& d) {
+  if (p.kv_prefix_len == 0) return Status::Ok();
+  if (p.kv_prefix_len < 0 || p.kv_prefix_len > d.sk)
+    return Status::Invalid("prepare_fp8: params.kv_prefix_len must be in [0, seqlen_k = " + std::to_string(d.sk) +
+                           "], got " + std::to_string(p.kv_prefix_len));
+  if (d.packed || p.k_smoothing)
+    return Status::Invalid(std::string("prepare_fp8: params.kv_prefix_len (K and V in two parts) is for batched calls "
+                                       "without k_smoothing; got it with ") + (d.packed ? "cu_seqlens" : "k_smoothing"));
+  OPENVC_RETURN_IF_ERROR(check_input("k_prefix", p.k_prefix, false));
+  return check_input("v_prefix", p.v_prefix, false);
+}
+
+// The output layout fields (KV-cache slots): 0 / false, or at least the call's own extent; batched only.
+Status validate_out_layout(const PrepareParams& p, const Dims& d) {
+  const bool set = p.k_codes_rows != 0 || p.k_descale_blocks != 0 || p.v_packed_columns != 0 || p.v_descale_per_block;
+  if (!set) return Status::Ok();
+  if (d.packed)
+    return Status::Invalid("prepare_fp8: params.k_codes_rows, k_descale_blocks, v_packed_columns and "
+                           "v_descale_per_block are for batched calls; they must be 0 / false with cu_seqlens");
+  auto at_least = [](const char* name, int64_t v, int64_t least) {
+    if (v == 0 || v >= least) return Status::Ok();
+    return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be 0 (the default layout) or >= " +
+                           std::to_string(least) + " (the call's own extent), got " + std::to_string(v));
+  };
+  OPENVC_RETURN_IF_ERROR(at_least("k_codes_rows", p.k_codes_rows, d.sk));
+  OPENVC_RETURN_IF_ERROR(at_least("k_descale_blocks", p.k_descale_blocks, num_quant_blocks(d.sk)));
+  OPENVC_RETURN_IF_ERROR(at_least("v_packed_columns", p.v_packed_columns, packed_seqlen_k(d.sk)));
+  if (p.v_packed_columns % 16 != 0)
+    return Status::Invalid("prepare_fp8: params.v_packed_columns must be a multiple of 16 (the kernels store 16-byte "
+                           "vectors), got " + std::to_string(p.v_packed_columns));
+  return Status::Ok();
+}
+
 Status validate_mode(const PrepareParams& p) {
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr))
     return Status::Invalid(std::string("prepare_fp8: params.") + (p.cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
@@ -128,6 +162,7 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_input("q", p.q, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("k", p.k, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("v", p.v, d.packed));
+  OPENVC_RETURN_IF_ERROR(validate_prefix(p, d));
   OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("k_codes", p.k_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("v_packed", p.v_packed, 16));
@@ -143,6 +178,7 @@ Status validate(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.q_dot_k_mean is written with k_smoothing only (the LSE term of the "
                            "removed K mean); it must be null without it");
   OPENVC_RETURN_IF_ERROR(check_output("q_dot_k_mean", p.q_dot_k_mean, alignof(float), /*optional=*/true));
+  OPENVC_RETURN_IF_ERROR(validate_out_layout(p, d));
   const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
@@ -162,8 +198,17 @@ Status validate(const PrepareParams& p) {
 
 // Packed inputs: the batch stride is unused (passed as 0), the kernels read the offsets instead.
 prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* cu_seqlens, int64_t total,
-                              const int* seqused) {
-  return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total, seqused};
+                              const int* seqused, const TokenTensorView* prefix = nullptr, int prefix_len = 0) {
+  prepare::TokenArgs a{t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total,
+                       seqused};
+  if (prefix_len > 0) {
+    a.prefix = prefix->data;
+    a.prefix_stride_batch = prefix->stride_batch;
+    a.prefix_stride_seq = prefix->stride_seq;
+    a.prefix_stride_head = prefix->stride_head;
+    a.prefix_len = prefix_len;
+  }
+  return a;
 }
 
 template <typename T, int D, bool kSmooth>
@@ -198,10 +243,12 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   }
 
   prepare::QkArgs qk{};
-  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
-                p.q_descale};
-  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
-                p.k_descale};
+  const int nq = static_cast<int>(num_quant_blocks(d.sq)), nk = static_cast<int>(num_quant_blocks(d.sk));
+  const int k_blocks_out = p.k_descale_blocks > 0 ? p.k_descale_blocks : nk;
+  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), nq, p.q_codes, p.q_descale, d.sq, nq};
+  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k, &p.k_prefix, p.kv_prefix_len), nk,
+                p.k_codes, p.k_descale,
+                p.k_codes_rows > 0 ? p.k_codes_rows : d.sk, k_blocks_out};
   qk.heads = p.heads;
   qk.v_amax = v_amax;
   qk.k_mean = k_mean;
@@ -216,13 +263,14 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
                                                                     : "quantize_qk_kernel launch");
 
   prepare::VArgs va{};
-  va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
+  va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k, &p.v_prefix, p.kv_prefix_len);
   va.heads = p.heads;
   va.nblocks = static_cast<int>(num_quant_blocks(d.sk));
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;
   va.v_descale = p.v_descale;
-  va.sk_pad = packed_seqlen_k(d.sk);
+  va.sk_pad = p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
+  va.v_descale_blocks = p.v_descale_per_block ? k_blocks_out : 0;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
   prepare::v_amax_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
   OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel launch");

@@ -49,6 +49,12 @@ struct TokenArgs {
   const int* cu_seqlens;   // device, num_seqs + 1 offsets; null: batched
   int64_t total;           // packed: token rows of the tensor; offsets are clamped to [0, total]
   const int* seqused;      // optional per-sequence used lengths (keys past them are padding); null: all
+  // Optional leading part (batched K and V; prefix_len 0: none): tokens [0, prefix_len) of sequence b are
+  // read from prefix + b * prefix_stride_batch (its own strides), tokens from prefix_len on from data at
+  // token - prefix_len. A KV cache's remainder and the new chunk are prepared as one sequence this way.
+  const void* prefix;
+  int64_t prefix_stride_batch, prefix_stride_seq, prefix_stride_head;
+  int prefix_len;
 };
 
 // Where sequence b lies: the token row of its first token in the [total, H, D] code outputs (b * S
@@ -57,17 +63,19 @@ struct SeqSpan {
   int64_t row0;
   int64_t in_offset;
   int len;
+  int64_t prefix_offset;  // element offset of the sequence in TokenArgs::prefix (batched)
 };
 // Offsets are clamped to the tensor, whatever they hold (a bad offset shortens or empties its sequence
 // and never reads or writes outside the tensors); seqused shortens a sequence further.
 __device__ __forceinline__ SeqSpan seq_span(const TokenArgs& a, int b) {
   SeqSpan sp;
   if (a.cu_seqlens == nullptr) {
-    sp = {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen};
+    sp = {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen,
+          static_cast<int64_t>(b) * a.prefix_stride_batch};
   } else {
     const int64_t start = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b)), int64_t(0)), a.total);
     const int64_t end = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b + 1)), start), a.total);
-    sp = {start, start * a.stride_seq, static_cast<int>(end - start)};
+    sp = {start, start * a.stride_seq, static_cast<int>(end - start), 0};
   }
   if (a.seqused != nullptr) sp.len = min(sp.len, max(__ldg(a.seqused + b), 0));
   return sp;
@@ -77,9 +85,16 @@ __device__ __forceinline__ SeqSpan seq_span(const TokenArgs& a, int b) {
 struct QkSide {
   TokenArgs in;
   int nblocks;        // ceil(seqlen / 128)
-  uint8_t* codes;     // [B, S, H, D], or [total, H, D] packed
-  float* descale;     // [B, H, nblocks] (INT8: Q [B, H, seqlen], K [B, H, nblocks, kKeyGroups])
+  uint8_t* codes;     // [B, out_rows, H, D], or [total, H, D] packed
+  float* descale;     // [B, H, out_blocks] (INT8: Q [B, H, seqlen], K [B, H, out_blocks, kKeyGroups])
+  int64_t out_rows;   // batched: token rows per batch entry of codes (seqlen, or a KV cache's slots)
+  int out_blocks;     // blocks per (batch, head) row of the block descales (nblocks, or a KV cache's)
 };
+
+// Token row of sequence b's first token in its side's codes: the packed offset, or b * out_rows.
+__device__ __forceinline__ int64_t codes_row0(const QkSide& s, const SeqSpan& span, int b) {
+  return s.in.cu_seqlens != nullptr ? span.row0 : static_cast<int64_t>(b) * s.out_rows;
+}
 struct QkArgs {
   QkSide side[2];     // 0: Q, 1: K
   int heads;
@@ -93,8 +108,9 @@ struct VArgs {
   int heads, nblocks;
   uint32_t* v_amax;   // [B, H] float bits of max |v|
   uint8_t* v_packed;  // [B, H, D, sk_pad], each sequence from column 0 of its slab
-  float* v_descale;   // [B, H]
-  int64_t sk_pad;
+  float* v_descale;   // [B, H], or [B, H, v_descale_blocks] (one per block) when v_descale_blocks > 0
+  int64_t sk_pad;     // columns per (batch, head, channel) row: packed_seqlen_k, or a KV cache's slots
+  int v_descale_blocks;
 };
 
 template <int D>
@@ -122,13 +138,20 @@ __device__ __forceinline__ void load_tile(const TokenArgs& a, const SeqSpan& spa
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   // 2-byte elements; int64 arithmetic: one tensor can exceed 2^31 elements (S=73k, H=56: 5e8).
-  const uint16_t* base = static_cast<const uint16_t*>(a.data) + span.in_offset +
-                         h * a.stride_head + static_cast<int64_t>(token0 + t) * a.stride_seq + 16 * sub;
+  const uint16_t* base = static_cast<const uint16_t*>(a.data) + span.in_offset + h * a.stride_head +
+                         static_cast<int64_t>(token0 - a.prefix_len + t) * a.stride_seq + 16 * sub;
+  // A block that starts in the leading part (a CTA-uniform test; never true without one) picks each
+  // token's source.
+  const bool split = token0 < a.prefix_len;
+  const uint16_t* pre =
+      static_cast<const uint16_t*>(a.prefix) + span.prefix_offset + h * a.prefix_stride_head + 16 * sub;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
     const int tok = t + p * TL::kTokenStep;
     if (tok < valid) {
       const uint4* src = reinterpret_cast<const uint4*>(base + p * TL::kTokenStep * a.stride_seq);
+      if (split && token0 + tok < a.prefix_len)
+        src = reinterpret_cast<const uint4*>(pre + static_cast<int64_t>(token0 + tok) * a.prefix_stride_seq);
       v[p][0] = kStreaming ? __ldcs(src) : __ldg(src);
       v[p][1] = kStreaming ? __ldcs(src + 1) : __ldg(src + 1);
     } else {

@@ -55,11 +55,15 @@ def _allocate(expectations, alloc):
 
 
 def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None, qk_format="e4m3",
-                   k_smoothing=False):
+                   k_smoothing=False, out_layout=None, kv_prefix=None):
     """Enqueues openvc::prepare_fp8; packed_fields: the packed-sequence fields, or None (batched);
     seqused_k: optional int32 key counts (keys past them are padding); outs: the six outputs (tensors, or
     anything with data_ptr()); workspace: (pointer, bytes) of prepare_workspace_bytes scratch, or None to
-    allocate it; qk_format, k_smoothing: checked values (PrepareParams.qk_format / .k_smoothing)."""
+    allocate it; qk_format, k_smoothing: checked values (PrepareParams.qk_format / .k_smoothing);
+    out_layout: optional PrepareParams output-layout fields (k_codes_rows, k_descale_blocks, v_packed_columns,
+    v_descale_per_block: K and V written into a KV cache's slots, batched only; the caller sizes outs);
+    kv_prefix: optional (k0, v0) [B, r, H, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
+    no k_smoothing), prepared with them as one sequence of r + Sk keys."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
@@ -74,6 +78,12 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
         groups, max_k = p.num_seqs, p.max_seqlen_k
     if seqused_k is not None:
         p.seqused_k = seqused_k.data_ptr()
+    for name, value in (out_layout or {}).items():
+        setattr(p, name, value)
+    if kv_prefix is not None and kv_prefix[0].shape[1] > 0:
+        p.kv_prefix_len = int(kv_prefix[0].shape[1])
+        p.k_prefix, p.v_prefix = dev.token_view(kv_prefix[0]), dev.token_view(kv_prefix[1])
+        p.seqlen_k += p.kv_prefix_len
     if workspace is None:   # v_amax scratch (and the K channel sums with k_smoothing)
         ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads, max_k, bool(k_smoothing)), q.device)
         workspace = ws.data_ptr(), ws.numel()
@@ -120,6 +130,23 @@ def prepare_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         total_k=int(k.shape[0]))
     launch_prepare(q, k, v, outs, fields, seqused_k, qk_format=qk_format, k_smoothing=k_smoothing)
     return outs
+
+
+def prepare_into_slots(q, k, v, qk_format, kv_outs, out_layout, kv_prefix=None):
+    """prepare_fp8's checks and kernels for a batched call whose K and V outputs lie in a KV cache's buffers
+    (open_vc_attn.kv_cache): kv_outs the views (k_codes, k_descale, v_packed, v_descale) at the cache's first
+    free slot, out_layout PrepareParams' output layout fields (the cache sizes its buffers for the call),
+    kv_prefix an optional (k0, v0) of keys before k and v (the cache's remainder, checked by the cache).
+    Returns the new (q_codes, q_descale). Not an op: the cache mutates its own buffers, eagerly."""
+    _, fmt, _ = _prepare_args(q, k, v, None, None, 0, 0, None, qk_format, False)
+    named = (("q", q), ("k", k), ("v", v))
+    if kv_prefix is not None:
+        named += (("k (the cache's remainder)", kv_prefix[0]), ("v (the cache's remainder)", kv_prefix[1]))
+    dev.launch_checks(q.device, named)
+    b, sq, h, d = q.shape
+    q_outs = _allocate(fp8_expectations(b, sq, k.shape[1], h, d, fmt)[:2], dev.empty(q.device))
+    launch_prepare(q, k, v, (*q_outs, *kv_outs), None, qk_format=fmt, out_layout=out_layout, kv_prefix=kv_prefix)
+    return q_outs
 
 
 _prepare_op = torch.library.custom_op("open_vc_attn::prepare_fp8", mutates_args=(), device_types="cuda",
