@@ -63,6 +63,12 @@
 #                     $OUT/qk_tradeoff.{json,md,png} ($QK_TRADEOFF_ARGS appended, e.g. "--seeds 0,1,2").
 #                     modes-int8 and qk-tradeoff wait for the anchors' builds first (at most $ANCHOR_WAIT_S s, default 420) and say
 #                     which peers are available.
+#   wan-formats       scripts/device/wan_formats.py (issue 25's end-to-end line) with the carried .whl/ (diffusers):
+#                     the Wan transformer (examples/diffusers_wan.py, sharpen 3) at 1.3B 480p widths (32,760 tokens,
+#                     4 blocks) and 14B 720p widths (75,600 tokens, 2 blocks), native SDPA vs openvc e4m3 /
+#                     int8+smooth / int8+smooth+exp2 vs SageAttention2 routed in for the same calls: rel L2 vs
+#                     native, ms per forward, calls by path; $OUT/wan_formats.json ($WAN_FORMATS_ARGS appended,
+#                     e.g. "--configs 14b-720p --runs 7"). Waits for the anchors' SageAttention2 like modes-int8.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -389,6 +395,17 @@ step_qk_tradeoff() {
      >> "$OUT/qk-tradeoff.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/qk-tradeoff.log" | tail -45; exit $r)
 }
 
+step_wan_formats() {
+  step_install || return 1
+  site_wheels wan-formats || return 1
+  anchors_wait wan-formats | tee -a "$OUT/wan-formats.log"
+  # the anchors' SageAttention2 also when built by an earlier call on this machine (no anchors step now)
+  (export PYTHONPATH=/tmp/site:$ANCHOR_W/sage${PYTHONPATH:+:$PYTHONPATH}
+   cd /tmp && timeout 540 "$PY" "$REPO/scripts/device/wan_formats.py" --json "$OUT/wan_formats.json" \
+     ${WAN_FORMATS_ARGS:-} >> "$OUT/wan-formats.log" 2>&1
+   r=$?; grep -vE "^\s*$" "$OUT/wan-formats.log" | grep -v "^wan_formats: {" | tail -40; exit $r)
+}
+
 # ---- driver -------------------------------------------------------------------------------------------------
 
 [ $# -gt 0 ] && [ "$1" != help ] || { sed -n '2,/^set -u/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0; }
@@ -397,7 +414,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 modes-kvcache modes-sparse qk-tradeoff "
+modes-int8 modes-kvcache modes-sparse qk-tradeoff wan-formats "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do
