@@ -119,9 +119,10 @@ struct PrepareParams {
   // the smoothed codes plus softmax_scale times this is the LSE of the keys as given (numerics section 9;
   // openvc::attention in call.h adds it). Must be null without k_smoothing.
   float* q_dot_k_mean = nullptr;
-  // K and V written inside larger buffers (batched calls only; 0 / false keep the layouts above): an FP8 KV
-  // cache (open_vc_attn.kv_cache) prepares a chunk's keys straight into its slots, k_codes, k_descale,
-  // v_packed and v_descale pointing at the chunk's first slot (a 128-key block boundary).
+  // A KV cache's preparation (open_vc_attn.kv_cache: a chunk's keys prepared straight into the cache).
+  // Batched calls without k_smoothing only; 0 / false keep the default (any field set runs the preparation's
+  // KV-cache kernels). Output layout, with k_codes, k_descale, v_packed and v_descale pointing at the chunk's
+  // first slot (a 128-key block boundary):
   // k_codes_rows: token rows per batch entry of k_codes ([B, k_codes_rows, H, D], >= seqlen_k).
   // k_descale_blocks: 128-key blocks per (batch, head) row of k_descale ([B, H, k_descale_blocks] or INT8's
   // [B, H, k_descale_blocks, 8]; >= ceil(seqlen_k / 128)) and, with v_descale_per_block, of v_descale.
@@ -129,14 +130,13 @@ struct PrepareParams {
   // >= packed_seqlen_k(seqlen_k), a multiple of 16). v_descale_per_block: v_descale is [B, H, blocks] with
   // the head's V descale written at each of the call's ceil(seqlen_k / 128) blocks
   // (AttentionParams::v_descale_per_block's layout), instead of [B, H].
+  // K and V in two parts: keys [0, kv_prefix_len) of every batch entry are k_prefix / v_prefix's
+  // ([B, kv_prefix_len, H, D] views, the rules of k and v), keys [kv_prefix_len, seqlen_k) are k / v's first
+  // seqlen_k - kv_prefix_len tokens (a cache's BF16 remainder and the new chunk, without concatenating them).
   int64_t k_codes_rows = 0;
   int k_descale_blocks = 0;
   int64_t v_packed_columns = 0;
   bool v_descale_per_block = false;
-  // K and V in two parts (batched calls without k_smoothing; 0: one part): keys [0, kv_prefix_len) of
-  // every batch entry are k_prefix / v_prefix's ([B, kv_prefix_len, H, D] views, the same rules as k and
-  // v), keys [kv_prefix_len, seqlen_k) are k / v's first seqlen_k - kv_prefix_len tokens. A KV cache
-  // prepares its BF16 remainder and the new chunk as one sequence without concatenating them.
   int kv_prefix_len = 0;
   TokenTensorView k_prefix, v_prefix;
 };

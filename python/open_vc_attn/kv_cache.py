@@ -23,8 +23,10 @@ Every call is enqueued on the current CUDA stream without a host synchronization
 on the host and in one device int32 per batch entry); a CUDA graph captured around ``attention`` replays
 with new q, k and v of the same shapes while the cache does not change. A graph captured before an
 ``append`` must not be replayed after it: it writes the current chunk where the appended keys now are (and
-reads a remainder that no longer exists), so it corrupts the cache; capture again after each append. Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees
-itself and everything cached), no K smoothing (each piece's own mean would shift its scores).
+reads a remainder that no longer exists), so it corrupts the cache; capture again after each append. The cache
+runs eagerly (its length is Python state): torch.compile does not trace it (compile around it, or capture a
+graph). Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
+everything cached), no K smoothing (each piece's own mean would shift its scores).
 """
 from __future__ import annotations
 
@@ -75,7 +77,6 @@ class FP8KVCache:
         self._used = torch.zeros(batch, dtype=torch.int32, device=self.device)
         self._committed = 0            # tokens quantized into the cache (a multiple of 128)
         self._tail = None              # (k, v) of the last < 128 appended tokens, not quantized yet
-        self._used_total = None        # the count _used holds (None: unknown, e.g. filled inside a graph capture)
 
     @property
     def length(self) -> int:
@@ -134,24 +135,13 @@ class FP8KVCache:
         the keys' codes and scales straight into the cache from its end (its first uncommitted slot, a multiple
         of 128): no concatenation, no copy. Returns q's codes and descales. _chunk checked the capacity, so the
         call's blocks end within the buffers."""
-        from .ops import fp8
+        from .ops import direct, fp8
         t0, b0, slots = self._committed, self._committed // QUANT_BLOCK, int(self._k.shape[1])
-        return fp8.prepare_into_slots(
-            q, k, v, self.qk_format,
-            (self._k[:, t0], self._k_descale[:, :, b0], self._v[:, :, :, t0], self._v_descale[:, :, b0]),
-            dict(k_codes_rows=slots, k_descale_blocks=slots // QUANT_BLOCK, v_packed_columns=slots,
-                 v_descale_per_block=True), kv_prefix=prefix)
-
-    def _set_used(self, total):
-        """The device key count: one fill on the stream when it changes (never skipped while a CUDA graph is
-        captured, whose fill runs only at replay)."""
-        torch = _checks.import_torch()
-        if torch.cuda.is_current_stream_capturing():
-            self._used.fill_(total)
-            self._used_total = None
-        elif self._used_total != total:
-            self._used.fill_(total)
-            self._used_total = total
+        slot_views = (self._k[:, t0], self._k_descale[:, :, b0], self._v[:, :, :, t0], self._v_descale[:, :, b0])
+        layout = dict(k_codes_rows=slots, k_descale_blocks=slots // QUANT_BLOCK, v_packed_columns=slots,
+                      v_descale_per_block=True)
+        with direct.named("open_vc_attn::prepare_fp8"):   # the preparation's profiler range, as for the op
+            return fp8.prepare_into_slots(q, k, v, self.qk_format, slot_views, layout, kv_prefix=prefix)
 
     def append(self, k, v) -> None:
         """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): the remainder
@@ -168,7 +158,9 @@ class FP8KVCache:
         if full > 0:
             self._write(kk[:, :1], kk[:, :full], vv[:, :full])   # one query row: only the keys are kept
             self._committed += full
-        self._tail = (kk[:, full:].clone(), vv[:, full:].clone()) if kk.shape[1] > full else None
+        # contiguous copies: the remainder is the next preparation's leading part (16-byte aligned rows)
+        self._tail = tuple(x[:, full:].clone(memory_format=torch.contiguous_format) for x in (kk, vv)) \
+            if kk.shape[1] > full else None
 
     def attention(self, q, k=None, v=None, *, softmax_scale=None, return_lse=False, out_dtype=None,
                   mid_window_blocks=None):
@@ -192,7 +184,7 @@ class FP8KVCache:
             q_codes, q_descale = prep.q_codes, prep.q_descale
         else:
             raise ValueError("k: the cache is empty and no keys were given")
-        self._set_used(total)   # a device fill on the stream when the count changes: no synchronization
+        self._used.fill_(total)   # a device fill on the stream: no synchronization
         tensors = (q_codes, q_descale, self._k, self._k_descale, self._v, self._v_descale)
         out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, None, None, self._used),
                                   *tensors, None, None, 0, 0, scale, False, mid, want_lse, self._used, out_dtype,

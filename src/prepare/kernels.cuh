@@ -98,10 +98,12 @@ __device__ __forceinline__ void write_q_dot_k_mean(const QkArgs& args, const Seq
 
 // ---- (1) Q and K per-block quantization -----------------------------------------------------------
 // Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's. kSmooth: K is smoothed with
-// args.k_mean (padding tokens are left out of the amax explicitly: 0 - mean is not 0).
-template <typename T, int D, bool kSmooth>
+// args.k_mean (padding tokens are left out of the amax explicitly: 0 - mean is not 0). kCache (never with
+// kSmooth): K read in two parts and written with a KV cache's strides (tile.cuh, CacheArgs).
+template <typename T, int D, bool kSmooth, bool kCache = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     quantize_qk_kernel(const __grid_constant__ QkArgs args) {
+  static_assert(!(kSmooth && kCache), "a KV cache's preparation has no K smoothing");
   using TL = Tile<D>;
   __shared__ float red[TL::kWarps];
   const CtaCoord c = cta_coord(args.heads, args.side[0].nblocks + args.side[1].nblocks);
@@ -109,8 +111,10 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const QkSide& s = args.side[which];
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
+  const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * s.out_blocks + blk;
+  const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
+  float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
   const SeqSpan span = seq_span(s.in, c.b);
   if (token0 >= span.len) {  // past a packed sequence's end: no tokens, descale 0
     if (threadIdx.x == 0) *descale = 0.0f;
@@ -118,12 +122,18 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   }
 
   uint4 v[TL::kPasses][2];
-  load_tile<D, true>(s.in, span, c.h, token0, v);
+  if (cache_k) {
+    load_tile_two_part<D, true>(s.in, args.cache.k_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+  } else {
+    load_tile<D, true>(s.in, span, c.h, token0, v);
+  }
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   const int valid = span.len - token0;
-  // codes [total, H, D] contiguous ([B, out_rows, H, D] when batched): token row stride H*D bytes.
-  uint8_t* out = s.codes + ((codes_row0(s, span, c.b) + token0 + t) * args.heads + c.h) * D + 16 * sub;
+  // codes [total, H, D] contiguous ([B, S, H, D] when batched; a cache's K: [B, k_rows, H, D]): token row
+  // stride H*D bytes.
+  const int64_t row0 = cache_k ? static_cast<int64_t>(c.b) * args.cache.k_rows : span.row0;
+  uint8_t* out = s.codes + ((row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
   if (kSmooth && which == 1) {  // smoothed K (a CTA-uniform branch)
     float m[16];
@@ -222,11 +232,12 @@ inline constexpr int kKeyGroups = 8;  // == kInt8KeyGroups: K descales per 128-k
 // Thread tid holds tokens t + 32 p (t = tid / kChunksPerToken, p = 0..3), so its passes 0, 1 are group
 // (t mod 8) / 2 and passes 2, 3 group (t mod 8) / 2 + 4: a shuffle over the lanes of the token pair
 // {t, t ^ 1} (same groups), one shared slot per pair, and each group the max of its 4 pairs. k descale
-// [G, H, nblocks, 8]; groups without a valid key (past the end or the key count) get 0. kSmooth: K is
-// smoothed with args.k_mean first.
-template <typename T, int D, bool kSmooth>
+// [G, H, nblocks, 8] (kCache: [B, H, cache.k_blocks, 8]); groups without a valid key (past the end or the key
+// count) get 0. kSmooth: K is smoothed with args.k_mean first.
+template <typename T, int D, bool kSmooth, bool kCache = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     quantize_qk_int8_kernel(const __grid_constant__ QkArgs args) {
+  static_assert(!(kSmooth && kCache), "a KV cache's preparation has no K smoothing");
   using TL = Tile<D>;
   constexpr int kC = TL::kChunksPerToken;
   static_assert(TL::kPasses == 4 && TL::kTokenStep == 32, "passes 0-1 are keys < 64, passes 2-3 keys >= 64");
@@ -242,16 +253,22 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int sub = threadIdx.x % kC;
   const int valid = span.len - token0;
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
-  uint8_t* out = s.codes + ((codes_row0(s, span, c.b) + token0 + t) * args.heads + c.h) * D + 16 * sub;
+  // kCache: K's codes and descales with the cache's strides (CacheArgs), K read in two parts.
+  const int64_t row0 = kCache && which == 1 ? static_cast<int64_t>(c.b) * args.cache.k_rows : span.row0;
+  uint8_t* out = s.codes + ((row0 + token0 + t) * args.heads + c.h) * D + 16 * sub;
   const int64_t row = static_cast<int64_t>(args.heads) * D;
   if (which == 1) {  // K (a CTA-uniform branch)
-    float* descale = s.descale + (bh * s.out_blocks + blk) * kKeyGroups;
+    float* descale = s.descale + (bh * (kCache ? args.cache.k_blocks : s.nblocks) + blk) * kKeyGroups;
     if (valid <= 0) {  // past the sequence's end or its key count: no key, descales 0
       if (threadIdx.x < kKeyGroups) descale[threadIdx.x] = 0.0f;
       return;
     }
     uint4 v[TL::kPasses][2];
-    load_tile<D, true>(s.in, span, c.h, token0, v);
+    if constexpr (kCache) {
+      load_tile_two_part<D, true>(s.in, args.cache.k_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+    } else {
+      load_tile<D, true>(s.in, span, c.h, token0, v);
+    }
     float m[16] = {};
     if constexpr (kSmooth) load_means<D>(args.k_mean + bh * D, m);
     float amax[2] = {0.0f, 0.0f};  // groups (t mod 8) / 2 (passes 0, 1) and that + 4 (passes 2, 3)
@@ -327,7 +344,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 }
 
 // ---- (2) V amax per (batch, head) -----------------------------------------------------------------
-template <typename T, int D>
+// kCache: V read in two parts (tile.cuh, CacheArgs).
+template <typename T, int D, bool kCache = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     v_amax_kernel(const __grid_constant__ VArgs args) {
   using TL = Tile<D>;
@@ -338,7 +356,11 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   if (token0 >= span.len) return;  // past a packed sequence's end: nothing to add
   uint4 v[TL::kPasses][2];
   // Cached loads: the pack kernel reads V again, and the tail of V may still be in L2 then.
-  load_tile<D, false>(args.in, span, c.h, token0, v);
+  if constexpr (kCache) {
+    load_tile_two_part<D, false>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+  } else {
+    load_tile<D, false>(args.in, span, c.h, token0, v);
+  }
   const float amax = block_max<D>(thread_amax<T, D>(v), red);
   // The slot starts at 0 (quantize_qk_kernel), so a zero block has nothing to add.
   if (threadIdx.x == 0 && amax > 0.0f) atomicMax(&args.v_amax[c.b * args.heads + c.h], __float_as_uint(amax));
@@ -349,7 +371,9 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 // sub ^ ((r >> 4) & (kChunksPerToken - 1)): the writes (one row's chunks per quarter warp) and the
 // transposed reads (8 key groups x 4 columns per warp) then hit distinct banks for D = 128
 // (D = 64: 2-way on the reads, its rows being only 16 words wide).
-template <typename T, int D>
+// kCache: V read in two parts and, with CacheArgs::v_descale_blocks, one V descale per block (the head's, at
+// each of the call's blocks: a KV cache's per-block layout); sk_pad is then the cache's slots per row.
+template <typename T, int D, bool kCache = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     v_pack_kernel(const __grid_constant__ VArgs args) {
   using TL = Tile<D>;
@@ -360,14 +384,14 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = c.blk * kBlockTokens;
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
   const float amax = __uint_as_float(args.v_amax[bh]);
-  // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0). Per-block descales (a KV
-  // cache's, batched only): every block of the call holds the head's descale.
-  if (threadIdx.x == 0) {
-    if (args.v_descale_blocks > 0) {
-      args.v_descale[bh * args.v_descale_blocks + c.blk] = descale_of(amax);
-    } else if (c.blk == 0) {
+  // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0).
+  if constexpr (kCache) {
+    if (threadIdx.x == 0 && args.cache.v_descale_blocks > 0)
+      args.v_descale[bh * args.cache.v_descale_blocks + c.blk] = descale_of(amax);
+    else if (threadIdx.x == 0 && c.blk == 0)
       args.v_descale[bh] = descale_of(amax);
-    }
+  } else {
+    if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
   }
 
   // Thread (g, w) stores dims 4w..4w+3 of the 16 packed columns of key group g (phase 2 below).
@@ -382,7 +406,11 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   }
 
   uint4 v[TL::kPasses][2];
-  load_tile<D, true>(args.in, span, c.h, token0, v);
+  if constexpr (kCache) {
+    load_tile_two_part<D, true>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+  } else {
+    load_tile<D, true>(args.in, span, c.h, token0, v);
+  }
   const float scale_inv = scale_inv_of(amax);
 
   // Phase 1: codes into the swizzled tile. Padding tokens (loaded as 0) become code 0.

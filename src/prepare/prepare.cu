@@ -86,26 +86,28 @@ Dims dims_of(const PrepareParams& p) {
   return {false, p.batch, p.seqlen_q, p.seqlen_k};
 }
 
-// K and V in two parts (kv_prefix_len > 0): batched, no smoothing, at most seqlen_k keys in the first part.
-Status validate_prefix(const PrepareParams& p, const Dims& d) {
-  if (p.kv_prefix_len == 0) return Status::Ok();
+// The KV-cache fields (attention.h): any of them set selects the kCache kernels.
+bool uses_cache_fields(const PrepareParams& p) {
+  return p.k_codes_rows != 0 || p.k_descale_blocks != 0 || p.v_packed_columns != 0 || p.v_descale_per_block ||
+         p.kv_prefix_len != 0;
+}
+
+// Batched, no smoothing; a first part of at most seqlen_k keys; each layout field 0 or at least the call's own
+// extent (v_packed_columns a multiple of 16: the kernels store 16-byte vectors).
+Status validate_cache_fields(const PrepareParams& p, const Dims& d) {
+  if (!uses_cache_fields(p)) return Status::Ok();
+  if (d.packed || p.k_smoothing)
+    return Status::Invalid(std::string("prepare_fp8: params.k_codes_rows, k_descale_blocks, v_packed_columns, "
+                                       "v_descale_per_block and kv_prefix_len (a KV cache's layout) are for batched "
+                                       "calls without k_smoothing; got them with ") +
+                           (d.packed ? "cu_seqlens" : "k_smoothing"));
   if (p.kv_prefix_len < 0 || p.kv_prefix_len > d.sk)
     return Status::Invalid("prepare_fp8: params.kv_prefix_len must be in [0, seqlen_k = " + std::to_string(d.sk) +
                            "], got " + std::to_string(p.kv_prefix_len));
-  if (d.packed || p.k_smoothing)
-    return Status::Invalid(std::string("prepare_fp8: params.kv_prefix_len (K and V in two parts) is for batched calls "
-                                       "without k_smoothing; got it with ") + (d.packed ? "cu_seqlens" : "k_smoothing"));
-  OPENVC_RETURN_IF_ERROR(check_input("k_prefix", p.k_prefix, false));
-  return check_input("v_prefix", p.v_prefix, false);
-}
-
-// The output layout fields (KV-cache slots): 0 / false, or at least the call's own extent; batched only.
-Status validate_out_layout(const PrepareParams& p, const Dims& d) {
-  const bool set = p.k_codes_rows != 0 || p.k_descale_blocks != 0 || p.v_packed_columns != 0 || p.v_descale_per_block;
-  if (!set) return Status::Ok();
-  if (d.packed)
-    return Status::Invalid("prepare_fp8: params.k_codes_rows, k_descale_blocks, v_packed_columns and "
-                           "v_descale_per_block are for batched calls; they must be 0 / false with cu_seqlens");
+  if (p.kv_prefix_len > 0) {
+    OPENVC_RETURN_IF_ERROR(check_input("k_prefix", p.k_prefix, false));
+    OPENVC_RETURN_IF_ERROR(check_input("v_prefix", p.v_prefix, false));
+  }
   auto at_least = [](const char* name, int64_t v, int64_t least) {
     if (v == 0 || v >= least) return Status::Ok();
     return Status::Invalid(std::string("prepare_fp8: params.") + name + " must be 0 (the default layout) or >= " +
@@ -162,7 +164,6 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_input("q", p.q, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("k", p.k, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("v", p.v, d.packed));
-  OPENVC_RETURN_IF_ERROR(validate_prefix(p, d));
   OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("k_codes", p.k_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("v_packed", p.v_packed, 16));
@@ -178,7 +179,7 @@ Status validate(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.q_dot_k_mean is written with k_smoothing only (the LSE term of the "
                            "removed K mean); it must be null without it");
   OPENVC_RETURN_IF_ERROR(check_output("q_dot_k_mean", p.q_dot_k_mean, alignof(float), /*optional=*/true));
-  OPENVC_RETURN_IF_ERROR(validate_out_layout(p, d));
+  OPENVC_RETURN_IF_ERROR(validate_cache_fields(p, d));
   const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
@@ -198,32 +199,41 @@ Status validate(const PrepareParams& p) {
 
 // Packed inputs: the batch stride is unused (passed as 0), the kernels read the offsets instead.
 prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* cu_seqlens, int64_t total,
-                              const int* seqused, const TokenTensorView* prefix = nullptr, int prefix_len = 0) {
-  prepare::TokenArgs a{t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total,
-                       seqused};
-  if (prefix_len > 0) {
-    a.prefix = prefix->data;
-    a.prefix_stride_batch = prefix->stride_batch;
-    a.prefix_stride_seq = prefix->stride_seq;
-    a.prefix_stride_head = prefix->stride_head;
-    a.prefix_len = prefix_len;
-  }
-  return a;
+                              const int* seqused) {
+  return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total, seqused};
 }
 
-template <typename T, int D, bool kSmooth>
+template <typename T, int D, bool kSmooth, bool kCache = false>
 void launch_qk(const PrepareParams& p, const prepare::QkArgs& qk, int64_t ctas, cudaStream_t stream) {
   constexpr int kThreads = prepare::Tile<D>::kThreads;
   if (p.qk_format == QkFormat::kInt8) {
-    prepare::quantize_qk_int8_kernel<T, D, kSmooth><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
+    prepare::quantize_qk_int8_kernel<T, D, kSmooth, kCache><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
   } else {
-    prepare::quantize_qk_kernel<T, D, kSmooth><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
+    prepare::quantize_qk_kernel<T, D, kSmooth, kCache><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(qk);
   }
+}
+
+template <typename T, int D, bool kCache>
+void launch_v(const prepare::VArgs& va, unsigned ctas, cudaStream_t stream) {
+  constexpr int kThreads = prepare::Tile<D>::kThreads;
+  prepare::v_amax_kernel<T, D, kCache><<<ctas, kThreads, 0, stream>>>(va);
+  prepare::v_pack_kernel<T, D, kCache><<<ctas, kThreads, 0, stream>>>(va);
+}
+
+// CacheArgs of the KV-cache fields (validated: batched, no smoothing); nk = ceil(seqlen_k / 128).
+prepare::CacheArgs cache_args(const PrepareParams& p, int sk, int nk) {
+  prepare::CacheArgs c{};
+  c.k_prefix = {p.k_prefix.data, p.k_prefix.stride_batch, p.k_prefix.stride_seq, p.k_prefix.stride_head};
+  c.v_prefix = {p.v_prefix.data, p.v_prefix.stride_batch, p.v_prefix.stride_seq, p.v_prefix.stride_head};
+  c.prefix_len = p.kv_prefix_len;
+  c.k_rows = p.k_codes_rows > 0 ? p.k_codes_rows : sk;
+  c.k_blocks = p.k_descale_blocks > 0 ? p.k_descale_blocks : nk;
+  c.v_descale_blocks = p.v_descale_per_block ? c.k_blocks : 0;
+  return c;
 }
 
 template <typename T, int D>
 Status launch(const PrepareParams& p, cudaStream_t stream) {
-  constexpr int kThreads = prepare::Tile<D>::kThreads;
   auto* v_amax = static_cast<uint32_t*>(p.workspace);
   const Dims d = dims_of(p);
   const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
@@ -243,18 +253,20 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   }
 
   prepare::QkArgs qk{};
-  const int nq = static_cast<int>(num_quant_blocks(d.sq)), nk = static_cast<int>(num_quant_blocks(d.sk));
-  const int k_blocks_out = p.k_descale_blocks > 0 ? p.k_descale_blocks : nk;
-  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), nq, p.q_codes, p.q_descale, d.sq, nq};
-  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k, &p.k_prefix, p.kv_prefix_len), nk,
-                p.k_codes, p.k_descale,
-                p.k_codes_rows > 0 ? p.k_codes_rows : d.sk, k_blocks_out};
+  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
+                p.q_descale};
+  qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
+                p.k_descale};
   qk.heads = p.heads;
   qk.v_amax = v_amax;
   qk.k_mean = k_mean;
   qk.q_dot_k_mean = p.q_dot_k_mean;
+  const bool cache = uses_cache_fields(p);
+  if (cache) qk.cache = cache_args(p, d.sk, qk.side[1].nblocks);
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
-  if (p.k_smoothing) {
+  if (cache) {
+    launch_qk<T, D, false, true>(p, qk, qk_ctas, stream);
+  } else if (p.k_smoothing) {
     launch_qk<T, D, true>(p, qk, qk_ctas, stream);
   } else {
     launch_qk<T, D, false>(p, qk, qk_ctas, stream);
@@ -263,19 +275,21 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
                                                                     : "quantize_qk_kernel launch");
 
   prepare::VArgs va{};
-  va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k, &p.v_prefix, p.kv_prefix_len);
+  va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
   va.heads = p.heads;
   va.nblocks = static_cast<int>(num_quant_blocks(d.sk));
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;
   va.v_descale = p.v_descale;
-  va.sk_pad = p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
-  va.v_descale_blocks = p.v_descale_per_block ? k_blocks_out : 0;
+  va.sk_pad = cache && p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
+  if (cache) va.cache = qk.cache;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
-  prepare::v_amax_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
-  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel launch");
-  prepare::v_pack_kernel<T, D><<<v_ctas, kThreads, 0, stream>>>(va);
-  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_pack_kernel launch");
+  if (cache) {
+    launch_v<T, D, true>(va, v_ctas, stream);
+  } else {
+    launch_v<T, D, false>(va, v_ctas, stream);
+  }
+  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel / v_pack_kernel launch");
   return Status::Ok();
 }
 

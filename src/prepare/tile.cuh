@@ -49,12 +49,6 @@ struct TokenArgs {
   const int* cu_seqlens;   // device, num_seqs + 1 offsets; null: batched
   int64_t total;           // packed: token rows of the tensor; offsets are clamped to [0, total]
   const int* seqused;      // optional per-sequence used lengths (keys past them are padding); null: all
-  // Optional leading part (batched K and V; prefix_len 0: none): tokens [0, prefix_len) of sequence b are
-  // read from prefix + b * prefix_stride_batch (its own strides), tokens from prefix_len on from data at
-  // token - prefix_len. A KV cache's remainder and the new chunk are prepared as one sequence this way.
-  const void* prefix;
-  int64_t prefix_stride_batch, prefix_stride_seq, prefix_stride_head;
-  int prefix_len;
 };
 
 // Where sequence b lies: the token row of its first token in the [total, H, D] code outputs (b * S
@@ -63,54 +57,63 @@ struct SeqSpan {
   int64_t row0;
   int64_t in_offset;
   int len;
-  int64_t prefix_offset;  // element offset of the sequence in TokenArgs::prefix (batched)
 };
 // Offsets are clamped to the tensor, whatever they hold (a bad offset shortens or empties its sequence
 // and never reads or writes outside the tensors); seqused shortens a sequence further.
 __device__ __forceinline__ SeqSpan seq_span(const TokenArgs& a, int b) {
   SeqSpan sp;
   if (a.cu_seqlens == nullptr) {
-    sp = {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen,
-          static_cast<int64_t>(b) * a.prefix_stride_batch};
+    sp = {static_cast<int64_t>(b) * a.seqlen, static_cast<int64_t>(b) * a.stride_batch, a.seqlen};
   } else {
     const int64_t start = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b)), int64_t(0)), a.total);
     const int64_t end = min(max(static_cast<int64_t>(__ldg(a.cu_seqlens + b + 1)), start), a.total);
-    sp = {start, start * a.stride_seq, static_cast<int>(end - start), 0};
+    sp = {start, start * a.stride_seq, static_cast<int>(end - start)};
   }
   if (a.seqused != nullptr) sp.len = min(sp.len, max(__ldg(a.seqused + b), 0));
   return sp;
 }
 
+// A KV cache's preparation (the kCache kernels, which prepare.cu launches when PrepareParams sets any of its
+// KV-cache fields; batched, no smoothing): K and V read in two parts, the leading keys [0, prefix_len) of
+// every batch entry from `prefix` (its own strides), the rest from the K / V input at key - prefix_len; K
+// codes, K descales and per-block V descales written with a cache's row strides. Last in QkArgs and VArgs,
+// so the other kernels' parameter layout is unchanged.
+struct LeadingPart {     // [B, prefix_len, H, D] elements, head dim contiguous
+  const void* data;
+  int64_t stride_batch, stride_seq, stride_head;
+};
+struct CacheArgs {
+  LeadingPart k_prefix, v_prefix;
+  int prefix_len;         // 0: one part
+  int64_t k_rows;         // token rows per batch entry of the K codes
+  int k_blocks;           // blocks per (batch, head) row of the K descales and of per-block V descales
+  int v_descale_blocks;   // > 0: one V descale per block, [B, H, v_descale_blocks]; 0: [B, H]
+};
+
 // Q or K side of quantize_qk_kernel.
 struct QkSide {
   TokenArgs in;
   int nblocks;        // ceil(seqlen / 128)
-  uint8_t* codes;     // [B, out_rows, H, D], or [total, H, D] packed
-  float* descale;     // [B, H, out_blocks] (INT8: Q [B, H, seqlen], K [B, H, out_blocks, kKeyGroups])
-  int64_t out_rows;   // batched: token rows per batch entry of codes (seqlen, or a KV cache's slots)
-  int out_blocks;     // blocks per (batch, head) row of the block descales (nblocks, or a KV cache's)
+  uint8_t* codes;     // [B, S, H, D], or [total, H, D] packed
+  float* descale;     // [B, H, nblocks] (INT8: Q [B, H, seqlen], K [B, H, nblocks, kKeyGroups])
 };
-
-// Token row of sequence b's first token in its side's codes: the packed offset, or b * out_rows.
-__device__ __forceinline__ int64_t codes_row0(const QkSide& s, const SeqSpan& span, int b) {
-  return s.in.cu_seqlens != nullptr ? span.row0 : static_cast<int64_t>(b) * s.out_rows;
-}
 struct QkArgs {
   QkSide side[2];     // 0: Q, 1: K
   int heads;
   uint32_t* v_amax;   // [B, H] workspace, zeroed here
   const float* k_mean;  // [B, H, D] K smoothing means (smoothing.cuh), read by the kSmooth kernels only
   float* q_dot_k_mean;  // kSmooth: optional q_i . mean(K) per query row in the LSE's layout (null: none)
+  CacheArgs cache;      // the K side of the kCache kernels only
 };
 
 struct VArgs {
   TokenArgs in;
   int heads, nblocks;
   uint32_t* v_amax;   // [B, H] float bits of max |v|
-  uint8_t* v_packed;  // [B, H, D, sk_pad], each sequence from column 0 of its slab
-  float* v_descale;   // [B, H], or [B, H, v_descale_blocks] (one per block) when v_descale_blocks > 0
-  int64_t sk_pad;     // columns per (batch, head, channel) row: packed_seqlen_k, or a KV cache's slots
-  int v_descale_blocks;
+  uint8_t* v_packed;  // [B, H, D, sk_pad], each sequence from column 0 of its slab (a cache: its slots)
+  float* v_descale;   // [B, H] (a cache: see CacheArgs::v_descale_blocks)
+  int64_t sk_pad;
+  CacheArgs cache;    // read by the kCache kernels only
 };
 
 template <int D>
@@ -138,20 +141,42 @@ __device__ __forceinline__ void load_tile(const TokenArgs& a, const SeqSpan& spa
   const int t = threadIdx.x / TL::kChunksPerToken;
   const int sub = threadIdx.x % TL::kChunksPerToken;
   // 2-byte elements; int64 arithmetic: one tensor can exceed 2^31 elements (S=73k, H=56: 5e8).
-  const uint16_t* base = static_cast<const uint16_t*>(a.data) + span.in_offset + h * a.stride_head +
-                         static_cast<int64_t>(token0 - a.prefix_len + t) * a.stride_seq + 16 * sub;
-  // A block that starts in the leading part (a CTA-uniform test; never true without one) picks each
-  // token's source.
-  const bool split = token0 < a.prefix_len;
-  const uint16_t* pre =
-      static_cast<const uint16_t*>(a.prefix) + span.prefix_offset + h * a.prefix_stride_head + 16 * sub;
+  const uint16_t* base = static_cast<const uint16_t*>(a.data) + span.in_offset +
+                         h * a.stride_head + static_cast<int64_t>(token0 + t) * a.stride_seq + 16 * sub;
 #pragma unroll
   for (int p = 0; p < TL::kPasses; ++p) {
     const int tok = t + p * TL::kTokenStep;
     if (tok < valid) {
       const uint4* src = reinterpret_cast<const uint4*>(base + p * TL::kTokenStep * a.stride_seq);
-      if (split && token0 + tok < a.prefix_len)
-        src = reinterpret_cast<const uint4*>(pre + static_cast<int64_t>(token0 + tok) * a.prefix_stride_seq);
+      v[p][0] = kStreaming ? __ldcs(src) : __ldg(src);
+      v[p][1] = kStreaming ? __ldcs(src + 1) : __ldg(src + 1);
+    } else {
+      v[p][0] = v[p][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// load_tile of a KV cache's two-part K or V (CacheArgs; batched): the same tile, each token read from the
+// leading part `prefix` (batch entry b) or from `a` at token - prefix_len. A separate function, so the
+// one-part kernels keep their loop.
+template <int D, bool kStreaming>
+__device__ __forceinline__ void load_tile_two_part(const TokenArgs& a, const LeadingPart& lp, int prefix_len,
+                                                   const SeqSpan& span, int b, int h, int token0,
+                                                   uint4 (&v)[Tile<D>::kPasses][2]) {
+  using TL = Tile<D>;
+  const int valid = span.len - token0;
+  const int t = threadIdx.x / TL::kChunksPerToken;
+  const int sub = threadIdx.x % TL::kChunksPerToken;
+  const uint16_t* rest = static_cast<const uint16_t*>(a.data) + span.in_offset + h * a.stride_head + 16 * sub;
+  const uint16_t* lead = static_cast<const uint16_t*>(lp.data) + static_cast<int64_t>(b) * lp.stride_batch +
+                         h * lp.stride_head + 16 * sub;
+#pragma unroll
+  for (int p = 0; p < TL::kPasses; ++p) {
+    const int tok = token0 + t + p * TL::kTokenStep;   // the key's position in the joined sequence
+    if (tok - token0 < valid) {
+      const uint4* src = reinterpret_cast<const uint4*>(
+          tok < prefix_len ? lead + static_cast<int64_t>(tok) * lp.stride_seq
+                           : rest + static_cast<int64_t>(tok - prefix_len) * a.stride_seq);
       v[p][0] = kStreaming ? __ldcs(src) : __ldg(src);
       v[p][1] = kStreaming ? __ldcs(src + 1) : __ldg(src + 1);
     } else {

@@ -109,7 +109,8 @@ Tensor token_range(const Tensor& x, int from, int to) {
   return y;
 }
 
-// (format, keys in the first part: 0 = one part). 200 = block 0 and 72 keys of block 1 from the first part.
+// (format, keys in the first part: 0 = one part). 200: block 0 and 72 keys of block 1 from the first part;
+// 128: exactly block 0; kSk: every key.
 class PrepareOutLayout : public ::testing::TestWithParam<std::tuple<QkFormat, int>> {};
 
 TEST_P(PrepareOutLayout, CacheSlotsHoldTheDefaultLayoutsBytes) {
@@ -125,11 +126,13 @@ TEST_P(PrepareOutLayout, CacheSlotsHoldTheDefaultLayoutsBytes) {
   const DevTensor dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD));
   const SlotOutputs own = prepare(fmt, false, dq, dk, dv);
   // The second run: into the slots; with a split, the first part contiguous and the rest strided (padded).
+  // A first part of every key (split = kSk) leaves k and v unread: they get one token of their own.
   auto two_parts = [&] {
     const DevTensor dk0(DType::kBFloat16, token_range(k, 0, split), strides_of(Layout::kContiguous, split, kH, kD));
     const DevTensor dv0(DType::kBFloat16, token_range(v, 0, split), strides_of(Layout::kContiguous, split, kH, kD));
-    const DevTensor dk1(DType::kBFloat16, token_range(k, split, kSk), strides_of(Layout::kPadded, kSk - split, kH, kD));
-    const DevTensor dv1(DType::kBFloat16, token_range(v, split, kSk), strides_of(Layout::kPadded, kSk - split, kH, kD));
+    const int from = split < kSk ? split : kSk - 1;
+    const DevTensor dk1(DType::kBFloat16, token_range(k, from, kSk), strides_of(Layout::kPadded, kSk - from, kH, kD));
+    const DevTensor dv1(DType::kBFloat16, token_range(v, from, kSk), strides_of(Layout::kPadded, kSk - from, kH, kD));
     const Prefix parts{dk0, dv0, split};
     return prepare(fmt, true, dq, dk1, dv1, &parts);
   };
@@ -186,7 +189,7 @@ TEST_P(PrepareOutLayout, CacheSlotsHoldTheDefaultLayoutsBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Prepare, PrepareOutLayout,
                          ::testing::Combine(::testing::Values(QkFormat::kE4M3, QkFormat::kInt8),
-                                            ::testing::Values(0, 200, 1)),
+                                            ::testing::Values(0, 200, 1, 128, kSk)),
                          [](const ::testing::TestParamInfo<std::tuple<QkFormat, int>>& i) {
                            return std::string(std::get<0>(i.param) == QkFormat::kInt8 ? "int8" : "e4m3") +
                                   (std::get<1>(i.param) ? "_first_part_" + std::to_string(std::get<1>(i.param))
