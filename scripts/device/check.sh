@@ -54,6 +54,9 @@
 #   modes-kvcache     python -m open_vc_attn.bench.modes --cases kvcache (issue 26's KV cache: one step of a 3-frame
 #                     chunk, 4,680 tokens, H = 12, after 18 cached frames of 1,560 tokens, against FA3 FP8 / BF16 and
 #                     cuDNN BF16), $OUT/modes-kvcache.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).
+#   modes-cross       python -m open_vc_attn.bench.modes --cases cross (issue 28's text cross-attention: 32,760 and
+#                     75,600 queries against 512 keys, H = 40; the complete call and the kernel against FA3 BF16 / FP8
+#                     and cuDNN BF16), $OUT/modes-cross.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).
 #   modes-sparse      python -m open_vc_attn.bench.modes --cases sparse (issue 26: S = 75,600 H = 40, openvc dense,
 #                     block masks window / frame causal / random 10..100% / radial and chunked causal against
 #                     torch.compile(flex_attention) BF16 on the same BlockMask, acceptance lines printed at the end),
@@ -367,19 +370,16 @@ PY
   )
 }
 
-step_modes_int8() {
+# bench.modes for one case name after the anchors' peers: modes_with_peers CASE TIMEOUT_S TAIL_LINES
+modes_with_peers() {
   step_install || return 1
-  anchors_wait modes-int8 | tee -a "$OUT/modes-int8.log"
-  (cd /tmp && timeout 540 "$PY" -m open_vc_attn.bench.modes --cases int8 --rounds "${MODES_ROUNDS:-7}" \
-     --out "$OUT/modes-int8.json" >> "$OUT/modes-int8.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-int8.log" | tail -40; exit $r)
+  anchors_wait "modes-$1" | tee -a "$OUT/modes-$1.log"
+  (cd /tmp && timeout "$2" "$PY" -m open_vc_attn.bench.modes --cases "$1" --rounds "${MODES_ROUNDS:-7}" \
+     --out "$OUT/modes-$1.json" >> "$OUT/modes-$1.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-$1.log" | tail -"$3"; exit $r)
 }
-
-step_modes_kvcache() {
-  step_install || return 1
-  anchors_wait modes-kvcache | tee -a "$OUT/modes-kvcache.log"
-  (cd /tmp && timeout 300 "$PY" -m open_vc_attn.bench.modes --cases kvcache --rounds "${MODES_ROUNDS:-7}" \
-     --out "$OUT/modes-kvcache.json" >> "$OUT/modes-kvcache.log" 2>&1; r=$?; grep -vE "^\s*$" "$OUT/modes-kvcache.log" | tail -20; exit $r)
-}
+step_modes_int8() { modes_with_peers int8 540 40; }
+step_modes_kvcache() { modes_with_peers kvcache 300 20; }
+step_modes_cross() { modes_with_peers cross 300 20; }
 
 step_modes_sparse() {
   step_install || return 1
@@ -414,7 +414,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 modes-kvcache modes-sparse qk-tradeoff wan-formats "
+modes-int8 modes-kvcache modes-cross modes-sparse qk-tradeoff wan-formats "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do

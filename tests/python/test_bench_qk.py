@@ -63,6 +63,13 @@ def test_modes_int8_case_is_issue25_shapes():
     assert modes.QK_FORMATS["int8+smooth+exp2"] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
 
 
+def test_modes_cross_case_is_issue28_shapes():
+    cases = modes.case_list(modes.parse_cases("cross"))
+    assert [(c["kind"], c["sq"], c["sk"], c["h"]) for _, c in cases] == [("cross", 32760, 512, 40),
+                                                                          ("cross", 75600, 512, 40)]
+    assert "cross" not in modes.DEFAULT_CASES
+
+
 def test_modes_arguments():
     args = modes.parser().parse_args([])
     assert "int8" not in args.cases.split(",")        # asked for by name only

@@ -27,6 +27,10 @@ is the step with open_vc_attn.kv_cache.FP8KVCache (the chunk's queries, keys and
 ones quantized once before timing), ``openvc-full`` the complete call preparing every key again, against FA3
 FP8 (pre-cast) and BF16 and cuDNN BF16 on the same shapes, each output checked against cuDNN BF16.
 
+Case `cross` (issue 28's text cross-attention: 32,760 and 75,600 queries against 512 keys, H = 40): the
+complete call, the kernel on a prepared input (the preparation's share) and FA3 BF16 / FP8 and cuDNN BF16 on
+the same inputs, each output checked against cuDNN BF16.
+
 Case `sparse` (issue 26, item 8; bench/sparse.py says what it times): at S = 75,600 (21 x 3,600), H = 40, openvc
 dense once, then openvc with block masks (temporal window +-2, frame causal, random densities 10 .. 100%,
 radial) and chunked causal against torch.compile(flex_attention) BF16 on the same BlockMask; each record gets
@@ -48,7 +52,7 @@ import time
 from . import harness, sparse
 from .harness import Eager
 
-CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache")
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache", "cross")
 # int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
 DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
@@ -179,6 +183,20 @@ def _kv_entries(torch, ova, cached, chunk, h, d=128):
     return entries, {e: flops for e in entries}
 
 
+def _cross_entries(torch, ova, sq, sk, h, d=128):
+    """The cross case: Sq queries against Sk (few) keys, e.g. text cross-attention; the complete call, the
+    kernel on a prepared input (so the preparation's share shows) and the peers on the same inputs."""
+    q = _qkv(torch, 1, sq, h, d, 7)[0]
+    _, k, v = _qkv(torch, 1, sk, h, d, 8)
+    prepared = ova.prepare_fp8(q, k, v)
+    entries = {"openvc": lambda: ova.attention(q, k, v),
+               "openvc-kernel": lambda: ova.attention_fp8(prepared),
+               "cudnn-bf16": _sdpa(torch, q, k, v)}
+    entries.update(_fa3_entries(torch, q, k, v, False))
+    flops = harness.attention_flops(1, h, sq, sk, d)
+    return entries, {e: flops for e in entries}
+
+
 def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     """The int8 case: openvc with each Q/K format (complete call in a CUDA graph and eager, and the kernel on
     a prepared input) against the peers. Entries of a format the build does not take are left out; the
@@ -240,6 +258,9 @@ def case_list(names):
                     ("int8-wan480-S32760-H40", dict(kind="qk", s=32760, h=40)),
                     ("int8-causal-S32768-H7", dict(kind="qk", s=32768, h=7, causal=True)),
                     ("int8-d64-S24576-H32", dict(kind="qk", s=24576, h=32, d=64))]
+        elif name == "cross":   # issue 28's text cross-attention shapes (Wan: 512 umT5 text keys)
+            out += [("cross-Sq32760-Sk512-H40", dict(kind="cross", sq=32760, sk=512, h=40)),
+                    ("cross-Sq75600-Sk512-H40", dict(kind="cross", sq=75600, sk=512, h=40))]
         elif name == "kvcache":   # issue 26's KV-cache acceptance shape
             out.append(("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)))
         elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
@@ -264,6 +285,8 @@ def _build_case(torch, ova, spec):
         return _dense_entries(torch, ova, 1, spec["s"], spec["h"], spec.get("d", 128), spec.get("causal", False))
     if kind == "kv":
         return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"])
+    if kind == "cross":
+        return _cross_entries(torch, ova, spec["sq"], spec["sk"], spec["h"])
     if kind == "packed":
         lens, h, d = spec["lens"], spec["h"], 128
         total = sum(lens)
@@ -383,7 +406,7 @@ def run(case_names, rounds, seed=0, on_record=None):
             if on_record:
                 on_record(records)
             continue
-        checks = check_outputs(torch, entries) if spec["kind"] in ("qk", "kv") else {}
+        checks = check_outputs(torch, entries) if spec["kind"] in ("qk", "kv", "cross") else {}
         timers, errors = {}, {}
         for e, fn in entries.items():
             eager = isinstance(fn, Eager)
