@@ -24,8 +24,8 @@ on the host and in one device int32 per batch entry); a CUDA graph captured arou
 with new q, k and v of the same shapes while the cache does not change. A graph captured before an
 ``append`` must not be replayed after it: it writes the current chunk where the appended keys now are (and
 reads a remainder that no longer exists), so it corrupts the cache; capture again after each append. The cache
-runs eagerly (its length is Python state): torch.compile does not trace it (compile around it, or capture a
-graph). Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
+is eager Python state (its length): it is not meant to be compiled (torch.compile would break its graph at the
+kernel launches and recompile as the length changes); compile the model around it, or capture a CUDA graph. Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
 everything cached), no K smoothing (each piece's own mean would shift its scores).
 """
 from __future__ import annotations

@@ -60,8 +60,9 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
     seqused_k: optional int32 key counts (keys past them are padding); outs: the six outputs (tensors, or
     anything with data_ptr()); workspace: (pointer, bytes) of prepare_workspace_bytes scratch, or None to
     allocate it; qk_format, k_smoothing: checked values (PrepareParams.qk_format / .k_smoothing);
-    out_layout: optional PrepareParams output-layout fields (k_codes_rows, k_descale_blocks, v_packed_columns,
-    v_descale_per_block: K and V written into a KV cache's slots, batched only; the caller sizes outs);
+    out_layout: optional PrepareParams KV-cache layout fields (k_codes_rows, k_descale_blocks, v_packed_columns,
+    v_descale_per_block: K and V written into a KV cache's slots, batched and without k_smoothing; the caller
+    sizes outs);
     kv_prefix: optional (k0, v0) [B, r, H, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
     no k_smoothing), prepared with them as one sequence of r + Sk keys."""
     ext = _ext.load()
@@ -85,6 +86,7 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
         p.k_prefix, p.v_prefix = dev.token_view(kv_prefix[0]), dev.token_view(kv_prefix[1])
         p.seqlen_k += p.kv_prefix_len
     if workspace is None:   # v_amax scratch (and the K channel sums with k_smoothing)
+        max_k = p.seqlen_k if packed_fields is None else max_k   # with a prefix: its keys counted
         ws = dev.workspace(ext.prepare_workspace_bytes(groups, p.heads, max_k, bool(k_smoothing)), q.device)
         workspace = ws.data_ptr(), ws.numel()
     p.workspace, p.workspace_bytes = workspace

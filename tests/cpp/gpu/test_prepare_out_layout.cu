@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -32,9 +33,20 @@ constexpr int kFirstBlock = 2;                            // the call writes fro
 constexpr uint8_t kPoison = 0xAB;
 
 struct SlotOutputs {
-  std::vector<uint8_t> k_codes, v_packed;
-  std::vector<float> k_descale, v_descale;
+  std::vector<uint8_t> k_codes, v_packed, q_codes;
+  std::vector<float> k_descale, v_descale, q_descale;
 };
+
+// Tokens [from, to) of x as a tensor of its own.
+Tensor token_range(const Tensor& x, int from, int to) {
+  Tensor y{x.B, to - from, x.H, x.D, {}, {}};
+  for (int b = 0; b < x.B; ++b) {
+    const auto first = x.index(b, from, 0, 0), last = x.index(b, to - 1, x.H - 1, x.D - 1) + 1;
+    y.bits.insert(y.bits.end(), x.bits.begin() + first, x.bits.begin() + last);
+    y.values.insert(y.values.end(), x.values.begin() + first, x.values.begin() + last);
+  }
+  return y;
+}
 
 // One preparation of (q, k, v) with `fmt`; `cache` selects the larger buffers and the layout fields; with
 // `prefix`, K and V are given in two parts (k, v then hold the keys from prefix->first on).
@@ -88,25 +100,35 @@ SlotOutputs prepare(QkFormat fmt, bool cache, const DevTensor& q, const DevTenso
   const openvc::Status st = openvc::prepare_fp8(p, nullptr);
   EXPECT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return {download<uint8_t>(k_codes.p, k_codes.bytes), download<uint8_t>(v_packed.p, v_packed.bytes),
-          download<float>(k_descale.p, k_descale.bytes / 4), download<float>(v_descale.p, v_descale.bytes / 4)};
+  return {download<uint8_t>(k_codes.p, k_codes.bytes),     download<uint8_t>(v_packed.p, v_packed.bytes),
+          download<uint8_t>(q_codes.p, q_codes.bytes),     download<float>(k_descale.p, k_descale.bytes / 4),
+          download<float>(v_descale.p, v_descale.bytes / 4), download<float>(q_descale.p, q_descale.bytes / 4)};
+}
+
+// The K and V inputs split at `split` keys: the first part contiguous, the rest strided (padded). A first part
+// of every key (split = kSk) leaves k and v unread: they get one token of their own.
+struct TwoParts {
+  DevTensor k0, v0, k1, v1;
+  TwoParts(const Tensor& k, const Tensor& v, int split)
+      : k0(DType::kBFloat16, token_range(k, 0, split), strides_of(Layout::kContiguous, split, kH, kD)),
+        v0(DType::kBFloat16, token_range(v, 0, split), strides_of(Layout::kContiguous, split, kH, kD)),
+        k1(DType::kBFloat16, token_range(k, rest_from(split), kSk), strides_of(Layout::kPadded, kSk - rest_from(split), kH, kD)),
+        v1(DType::kBFloat16, token_range(v, rest_from(split), kSk), strides_of(Layout::kPadded, kSk - rest_from(split), kH, kD)) {}
+  static int rest_from(int split) { return split < kSk ? split : kSk - 1; }
+};
+
+// Q (never in two parts, never in a cache's layout) must come out the same in every run.
+void expect_same_q(const SlotOutputs& a, const SlotOutputs& b) {
+  EXPECT_TRUE(a.q_codes == b.q_codes) << "Q codes differ from the one-part, default-layout run";
+  EXPECT_EQ(a.q_descale.size(), b.q_descale.size());
+  EXPECT_EQ(std::memcmp(a.q_descale.data(), b.q_descale.data(), 4 * std::min(a.q_descale.size(), b.q_descale.size())), 0)
+      << "Q descales differ from the one-part, default-layout run";
 }
 
 bool poison_float(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u == 0xABABABABu;
-}
-
-// Tokens [from, to) of x as a tensor of its own.
-Tensor token_range(const Tensor& x, int from, int to) {
-  Tensor y{x.B, to - from, x.H, x.D, {}, {}};
-  for (int b = 0; b < x.B; ++b) {
-    const auto first = x.index(b, from, 0, 0), last = x.index(b, to - 1, x.H - 1, x.D - 1) + 1;
-    y.bits.insert(y.bits.end(), x.bits.begin() + first, x.bits.begin() + last);
-    y.values.insert(y.values.end(), x.values.begin() + first, x.values.begin() + last);
-  }
-  return y;
 }
 
 // (format, keys in the first part: 0 = one part). 200: block 0 and 72 keys of block 1 from the first part;
@@ -125,18 +147,14 @@ TEST_P(PrepareOutLayout, CacheSlotsHoldTheDefaultLayoutsBytes) {
   const DevTensor dk(DType::kBFloat16, k, strides_of(Layout::kContiguous, kSk, kH, kD));
   const DevTensor dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD));
   const SlotOutputs own = prepare(fmt, false, dq, dk, dv);
-  // The second run: into the slots; with a split, the first part contiguous and the rest strided (padded).
-  // A first part of every key (split = kSk) leaves k and v unread: they get one token of their own.
+  // The second run: into the slots, with K and V in two parts when split > 0.
   auto two_parts = [&] {
-    const DevTensor dk0(DType::kBFloat16, token_range(k, 0, split), strides_of(Layout::kContiguous, split, kH, kD));
-    const DevTensor dv0(DType::kBFloat16, token_range(v, 0, split), strides_of(Layout::kContiguous, split, kH, kD));
-    const int from = split < kSk ? split : kSk - 1;
-    const DevTensor dk1(DType::kBFloat16, token_range(k, from, kSk), strides_of(Layout::kPadded, kSk - from, kH, kD));
-    const DevTensor dv1(DType::kBFloat16, token_range(v, from, kSk), strides_of(Layout::kPadded, kSk - from, kH, kD));
-    const Prefix parts{dk0, dv0, split};
-    return prepare(fmt, true, dq, dk1, dv1, &parts);
+    const TwoParts tp(k, v, split);
+    const Prefix parts{tp.k0, tp.v0, split};
+    return prepare(fmt, true, dq, tp.k1, tp.v1, &parts);
   };
   const SlotOutputs slots = split > 0 ? two_parts() : prepare(fmt, true, dq, dk, dv);
+  expect_same_q(own, slots);
   const int nk = int(openvc::num_quant_blocks(kSk));
   const int64_t sk_pad = openvc::packed_seqlen_k(kSk), t0 = kFirstBlock * 128;
   const int groups = fmt == QkFormat::kInt8 ? openvc::kInt8KeyGroups : 1;
@@ -194,6 +212,41 @@ INSTANTIATE_TEST_SUITE_P(Prepare, PrepareOutLayout,
                            return std::string(std::get<0>(i.param) == QkFormat::kInt8 ? "int8" : "e4m3") +
                                   (std::get<1>(i.param) ? "_first_part_" + std::to_string(std::get<1>(i.param))
                                                         : "_one_part");
+                         });
+
+// K and V in two parts with the default output layout (kv_prefix_len alone: the KV-cache kernels with one V
+// descale per head) give the one-part call's bytes.
+class PrepareTwoParts : public ::testing::TestWithParam<QkFormat> {};
+
+TEST_P(PrepareTwoParts, DefaultLayoutEqualsOnePart) {
+  SKIP_WITHOUT_SM90();
+  const QkFormat fmt = GetParam();
+  std::mt19937 rng(fmt == QkFormat::kInt8 ? 5u : 6u);
+  const Tensor q = random_tensor(DType::kBFloat16, kB, kSq, kH, kD, rng);
+  const Tensor k = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
+  const Tensor v = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
+  const DevTensor dq(DType::kBFloat16, q, strides_of(Layout::kContiguous, kSq, kH, kD));
+  const DevTensor dk(DType::kBFloat16, k, strides_of(Layout::kContiguous, kSk, kH, kD));
+  const DevTensor dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD));
+  const SlotOutputs own = prepare(fmt, false, dq, dk, dv);
+  const TwoParts tp(k, v, 200);
+  const Prefix parts{tp.k0, tp.v0, 200};
+  const SlotOutputs two = prepare(fmt, false, dq, tp.k1, tp.v1, &parts);
+  expect_same_q(own, two);
+  ASSERT_EQ(own.k_codes.size(), two.k_codes.size());
+  int64_t code_diff = 0;   // the valid keys' codes (padding keys' are never written)
+  for (int64_t i = 0; i < int64_t(own.k_codes.size()); ++i) code_diff += own.k_codes[i] != two.k_codes[i];
+  EXPECT_EQ(code_diff, 0) << "K codes of the two-part call differ from the one-part call's";
+  EXPECT_TRUE(own.v_packed == two.v_packed) << "packed V of the two-part call differs";
+  EXPECT_EQ(own.k_descale.size(), two.k_descale.size());
+  EXPECT_EQ(std::memcmp(own.k_descale.data(), two.k_descale.data(), 4 * own.k_descale.size()), 0) << "k_descale differs";
+  EXPECT_EQ(own.v_descale.size(), two.v_descale.size());
+  EXPECT_EQ(std::memcmp(own.v_descale.data(), two.v_descale.data(), 4 * own.v_descale.size()), 0) << "v_descale differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Prepare, PrepareTwoParts, ::testing::Values(QkFormat::kE4M3, QkFormat::kInt8),
+                         [](const ::testing::TestParamInfo<QkFormat>& i) {
+                           return std::string(i.param == QkFormat::kInt8 ? "int8" : "e4m3");
                          });
 
 // Argument rules (no device needed: they fail before any CUDA call).
@@ -267,6 +320,8 @@ TEST(PrepareOutLayoutArgs, RejectsTooSmallOrPackedLayouts) {
   p.k_smoothing = true;
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 300, true);
   p.workspace = reinterpret_cast<void*>(0xA0000);
+  expect_invalid(p, "k_smoothing");
+  p.kv_prefix_len = 0;  // the layout fields alone: also no smoothing
   expect_invalid(p, "k_smoothing");
 }
 
