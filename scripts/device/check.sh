@@ -24,6 +24,8 @@
 #                     -DOPENVC_BENCH_VARIANTS=ON), S = 73,397 at H = 7, 14, 56, $VARIANT_ROUNDS rounds.
 #   profile           Nsight Compute profile of the production kernel (S = 32,768, H = 7): ncu_details.txt
 #                     and the per-instruction CSV ncu_source.csv (read it with scripts/profile_summary.py).
+#   profile-cross     the same for one text cross-attention call (scripts/device/cross_call.py: 32,760 queries x 512
+#                     keys, H = 40; issue 28), with the installed package: ncu_cross_details.txt, ncu_cross_source.csv.
 #   pytest            the Python tests against the installed package ($PYTEST_ARGS, default tests/python).
 #   smoke             open-vc-attn-check --smoke.
 #   bench PRESET      open-vc-attn-bench --preset PRESET with the options below, then open-vc-attn-report;
@@ -208,6 +210,23 @@ step_profile() {
   "$ncu" --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1
   wc -l "$OUT/ncu_source.csv"
   grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu_details.txt" | head -12
+}
+
+# Nsight Compute of the second attention_fp8 launch of scripts/device/cross_call.py (the installed package).
+step_profile_cross() {
+  step_install || return 1
+  local ncu
+  ncu=$(tool ncu "/opt/nvidia/nsight-compute/*/ncu")
+  [ -n "$ncu" ] || { echo "profile-cross: ncu not found"; return 1; }
+  (cd /tmp && timeout 300 "$ncu" --clock-control none -k regex:expcast_attention --launch-skip 1 --launch-count 1 \
+     --section SourceCounters --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
+     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+     -o "$OUT/prof_cross" -f "$PY" "$REPO/scripts/device/cross_call.py" > "$OUT/ncu_cross_run.txt" 2>&1 \
+     || { tail -20 "$OUT/ncu_cross_run.txt"; exit 1; }
+   tail -3 "$OUT/ncu_cross_run.txt")
+  "$ncu" --import "$OUT/prof_cross.ncu-rep" --page details > "$OUT/ncu_cross_details.txt" 2>&1
+  "$ncu" --import "$OUT/prof_cross.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_cross_source.csv" 2>&1
+  grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu_cross_details.txt" | head -12
 }
 
 # ---- Python steps (the installed package; run from /tmp so that the source tree is not imported) -----------
@@ -414,7 +433,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 modes-kvcache modes-cross modes-sparse qk-tradeoff wan-formats "
+modes-int8 modes-kvcache modes-cross modes-sparse qk-tradeoff wan-formats profile-cross "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do
