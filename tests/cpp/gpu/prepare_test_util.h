@@ -185,4 +185,30 @@ struct PreparedDevice {
   }
 };
 
+// ---- argument tests (prepare_fp8 fails before any CUDA call) ----------------------------------------
+
+inline void* fake_address(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// Every output and the workspace at fake, aligned addresses (0x20000 .. 0x80000): the argument tests build
+// one valid parameter set on them and break one field at a time.
+inline void bind_fake_outputs(PrepareParams& p) {
+  p.q_codes = static_cast<uint8_t*>(fake_address(0x20000));
+  p.k_codes = static_cast<uint8_t*>(fake_address(0x30000));
+  p.v_packed = static_cast<uint8_t*>(fake_address(0x40000));
+  p.q_descale = static_cast<float*>(fake_address(0x50000));
+  p.k_descale = static_cast<float*>(fake_address(0x60000));
+  p.v_descale = static_cast<float*>(fake_address(0x70000));
+  p.workspace = fake_address(0x80000);
+}
+
+// prepare_fp8 refuses p with `code`, in a message naming `names`.
+inline void expect_rejected(const PrepareParams& p, StatusCode code, const std::string& names) {
+  const Status st = prepare_fp8(p, nullptr);
+  EXPECT_EQ(int(st.code()), int(code)) << st.message();
+  EXPECT_NE(st.message().find(names), std::string::npos) << "message should name " << names << ": " << st.message();
+}
+inline void expect_invalid(const PrepareParams& p, const std::string& names) {
+  expect_rejected(p, StatusCode::kInvalidArgument, names);
+}
+
 }  // namespace openvc::testing

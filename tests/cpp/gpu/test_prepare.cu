@@ -347,29 +347,16 @@ TEST(PrepareE4m3, EncoderMatchesReference) {
 
 // A fully valid parameter set over fake, aligned addresses; each test breaks one field.
 PrepareParams valid_params() {
-  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   PrepareParams p;
   p.batch = 1;
   p.seqlen_q = p.seqlen_k = 256;
   p.heads = 2;
   p.head_dim = 128;
-  p.q = {fake(0x10000), 256 * 2 * 128, 2 * 128, 128};
+  p.q = {fake_address(0x10000), 256 * 2 * 128, 2 * 128, 128};
   p.k = p.v = p.q;
-  p.q_codes = static_cast<uint8_t*>(fake(0x20000));
-  p.k_codes = static_cast<uint8_t*>(fake(0x30000));
-  p.v_packed = static_cast<uint8_t*>(fake(0x40000));
-  p.q_descale = static_cast<float*>(fake(0x50000));
-  p.k_descale = static_cast<float*>(fake(0x60000));
-  p.v_descale = static_cast<float*>(fake(0x70000));
-  p.workspace = fake(0x80000);
+  bind_fake_outputs(p);
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 256, false);
   return p;
-}
-
-void expect_rejected(const PrepareParams& p, openvc::StatusCode code, const std::string& names) {
-  const openvc::Status st = openvc::prepare_fp8(p, nullptr);
-  EXPECT_EQ(int(st.code()), int(code)) << st.message();
-  EXPECT_NE(st.message().find(names), std::string::npos) << "message should name " << names << ": " << st.message();
 }
 
 TEST(PrepareArgs, RejectsBadParameters) {

@@ -346,26 +346,19 @@ TEST(PrepareSmoothing, CapturedInACudaGraph) {
 // Argument checks (no device needed: they fail before any CUDA call): kInt8 with packed sequences, key
 // counts and head dim 64 gets as far as the workspace check, which counts the smoothing parts.
 TEST(PrepareInt8Args, AcceptedFormsAndWorkspace) {
-  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   PrepareParams p;
   p.qk_format = QkFormat::kInt8;
   p.heads = 2;
   p.head_dim = 64;
-  p.q = {fake(0x10000), 0, 2 * 64, 64};
+  p.q = {fake_address(0x10000), 0, 2 * 64, 64};
   p.k = p.v = p.q;
-  p.cu_seqlens_q = static_cast<const int*>(fake(0x90000));
-  p.cu_seqlens_k = static_cast<const int*>(fake(0x90100));
-  p.seqused_k = static_cast<const int*>(fake(0x90200));
+  p.cu_seqlens_q = static_cast<const int*>(fake_address(0x90000));
+  p.cu_seqlens_k = static_cast<const int*>(fake_address(0x90100));
+  p.seqused_k = static_cast<const int*>(fake_address(0x90200));
   p.num_seqs = 3;
   p.max_seqlen_q = p.max_seqlen_k = 1000;
   p.total_q = p.total_k = 3000;
-  p.q_codes = static_cast<uint8_t*>(fake(0x20000));
-  p.k_codes = static_cast<uint8_t*>(fake(0x30000));
-  p.v_packed = static_cast<uint8_t*>(fake(0x40000));
-  p.q_descale = static_cast<float*>(fake(0x50000));
-  p.k_descale = static_cast<float*>(fake(0x60000));
-  p.v_descale = static_cast<float*>(fake(0x70000));
-  p.workspace = fake(0x80000);
+  bind_fake_outputs(p);
   p.k_smoothing = true;
   p.workspace_bytes = openvc::prepare_workspace_bytes(3, 2, 1000, false);
   openvc::Status st = openvc::prepare_fp8(p, nullptr);

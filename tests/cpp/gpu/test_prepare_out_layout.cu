@@ -117,6 +117,21 @@ struct TwoParts {
   static int rest_from(int split) { return split < kSk ? split : kSk - 1; }
 };
 
+// One call's random BF16 q, k, v and their contiguous device copies.
+struct CallInputs {
+  std::mt19937 rng;
+  Tensor q, k, v;
+  DevTensor dq, dk, dv;
+  explicit CallInputs(uint32_t seed)
+      : rng(seed),
+        q(random_tensor(DType::kBFloat16, kB, kSq, kH, kD, rng)),
+        k(random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng)),
+        v(random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng)),
+        dq(DType::kBFloat16, q, strides_of(Layout::kContiguous, kSq, kH, kD)),
+        dk(DType::kBFloat16, k, strides_of(Layout::kContiguous, kSk, kH, kD)),
+        dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD)) {}
+};
+
 // Q (never in two parts, never in a cache's layout) must come out the same in every run.
 void expect_same_q(const SlotOutputs& a, const SlotOutputs& b) {
   EXPECT_TRUE(a.q_codes == b.q_codes) << "Q codes differ from the one-part, default-layout run";
@@ -139,13 +154,9 @@ TEST_P(PrepareOutLayout, CacheSlotsHoldTheDefaultLayoutsBytes) {
   SKIP_WITHOUT_SM90();
   const QkFormat fmt = std::get<0>(GetParam());
   const int split = std::get<1>(GetParam());
-  std::mt19937 rng((fmt == QkFormat::kInt8 ? 71u : 17u) + uint32_t(split));
-  const Tensor q = random_tensor(DType::kBFloat16, kB, kSq, kH, kD, rng);
-  const Tensor k = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
-  const Tensor v = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
-  const DevTensor dq(DType::kBFloat16, q, strides_of(Layout::kContiguous, kSq, kH, kD));
-  const DevTensor dk(DType::kBFloat16, k, strides_of(Layout::kContiguous, kSk, kH, kD));
-  const DevTensor dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD));
+  const CallInputs in((fmt == QkFormat::kInt8 ? 71u : 17u) + uint32_t(split));
+  const Tensor &k = in.k, &v = in.v;
+  const DevTensor &dq = in.dq, &dk = in.dk, &dv = in.dv;
   const SlotOutputs own = prepare(fmt, false, dq, dk, dv);
   // The second run: into the slots, with K and V in two parts when split > 0.
   auto two_parts = [&] {
@@ -221,17 +232,11 @@ class PrepareTwoParts : public ::testing::TestWithParam<QkFormat> {};
 TEST_P(PrepareTwoParts, DefaultLayoutEqualsOnePart) {
   SKIP_WITHOUT_SM90();
   const QkFormat fmt = GetParam();
-  std::mt19937 rng(fmt == QkFormat::kInt8 ? 5u : 6u);
-  const Tensor q = random_tensor(DType::kBFloat16, kB, kSq, kH, kD, rng);
-  const Tensor k = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
-  const Tensor v = random_tensor(DType::kBFloat16, kB, kSk, kH, kD, rng);
-  const DevTensor dq(DType::kBFloat16, q, strides_of(Layout::kContiguous, kSq, kH, kD));
-  const DevTensor dk(DType::kBFloat16, k, strides_of(Layout::kContiguous, kSk, kH, kD));
-  const DevTensor dv(DType::kBFloat16, v, strides_of(Layout::kContiguous, kSk, kH, kD));
-  const SlotOutputs own = prepare(fmt, false, dq, dk, dv);
-  const TwoParts tp(k, v, 200);
+  const CallInputs in(fmt == QkFormat::kInt8 ? 5u : 6u);
+  const SlotOutputs own = prepare(fmt, false, in.dq, in.dk, in.dv);
+  const TwoParts tp(in.k, in.v, 200);
   const Prefix parts{tp.k0, tp.v0, 200};
-  const SlotOutputs two = prepare(fmt, false, dq, tp.k1, tp.v1, &parts);
+  const SlotOutputs two = prepare(fmt, false, in.dq, tp.k1, tp.v1, &parts);
   expect_same_q(own, two);
   ASSERT_EQ(own.k_codes.size(), two.k_codes.size());
   int64_t code_diff = 0;   // the valid keys' codes (padding keys' are never written)
@@ -251,33 +256,19 @@ INSTANTIATE_TEST_SUITE_P(Prepare, PrepareTwoParts, ::testing::Values(QkFormat::k
 
 // Argument rules (no device needed: they fail before any CUDA call).
 PrepareParams valid_cache_params() {
-  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   PrepareParams p;
   p.batch = 1;
   p.seqlen_q = p.seqlen_k = 300;
   p.heads = 2;
-  p.q = {fake(0x10000), 300 * 256, 256, 128};
-  p.k = {fake(0x20000), 300 * 256, 256, 128};
-  p.v = {fake(0x30000), 300 * 256, 256, 128};
-  p.q_codes = static_cast<uint8_t*>(fake(0x40000));
-  p.k_codes = static_cast<uint8_t*>(fake(0x50000));
-  p.v_packed = static_cast<uint8_t*>(fake(0x60000));
-  p.q_descale = static_cast<float*>(fake(0x70000));
-  p.k_descale = static_cast<float*>(fake(0x80000));
-  p.v_descale = static_cast<float*>(fake(0x90000));
-  p.workspace = fake(0xA0000);
+  p.q = {fake_address(0x10000), 300 * 256, 256, 128};
+  p.k = p.v = p.q;
+  bind_fake_outputs(p);
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 300, false);
   p.k_codes_rows = 1024;
   p.k_descale_blocks = 8;
   p.v_packed_columns = 1024;
   p.v_descale_per_block = true;
   return p;
-}
-
-void expect_invalid(const PrepareParams& p, const std::string& name) {
-  const openvc::Status st = openvc::prepare_fp8(p, nullptr);
-  EXPECT_EQ(int(st.code()), int(openvc::StatusCode::kInvalidArgument)) << st.message();
-  EXPECT_NE(st.message().find(name), std::string::npos) << "message should name " << name << ": " << st.message();
 }
 
 TEST(PrepareOutLayoutArgs, RejectsTooSmallOrPackedLayouts) {
@@ -319,7 +310,6 @@ TEST(PrepareOutLayoutArgs, RejectsTooSmallOrPackedLayouts) {
   p.k_prefix = p.k;
   p.k_smoothing = true;
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 300, true);
-  p.workspace = reinterpret_cast<void*>(0xA0000);
   expect_invalid(p, "k_smoothing");
   p.kv_prefix_len = 0;  // the layout fields alone: also no smoothing
   expect_invalid(p, "k_smoothing");

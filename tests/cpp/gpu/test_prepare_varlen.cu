@@ -320,70 +320,57 @@ TEST(PrepareVarlen, GraphReplayFollowsNewOffsets) {
 // ---- argument checks (no device needed: they fail before any CUDA call) ---------------------------------
 
 PrepareParams valid_packed_params() {
-  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
   PrepareParams p;
   p.heads = 2;
   p.head_dim = 128;
-  p.q = {fake(0x10000), 0, 2 * 128, 128};
+  p.q = {fake_address(0x10000), 0, 2 * 128, 128};
   p.k = p.v = p.q;
-  p.cu_seqlens_q = static_cast<const int*>(fake(0x90000));
-  p.cu_seqlens_k = static_cast<const int*>(fake(0x90100));
+  p.cu_seqlens_q = static_cast<const int*>(fake_address(0x90000));
+  p.cu_seqlens_k = static_cast<const int*>(fake_address(0x90100));
   p.num_seqs = 3;
   p.max_seqlen_q = p.max_seqlen_k = 1000;
   p.total_q = p.total_k = 3000;
-  p.q_codes = static_cast<uint8_t*>(fake(0x20000));
-  p.k_codes = static_cast<uint8_t*>(fake(0x30000));
-  p.v_packed = static_cast<uint8_t*>(fake(0x40000));
-  p.q_descale = static_cast<float*>(fake(0x50000));
-  p.k_descale = static_cast<float*>(fake(0x60000));
-  p.v_descale = static_cast<float*>(fake(0x70000));
-  p.workspace = fake(0x80000);
+  bind_fake_outputs(p);
   p.workspace_bytes = openvc::prepare_workspace_bytes(3, 2, 1000, false);
   return p;
-}
-
-void expect_rejected(const PrepareParams& p, const std::string& names) {
-  const openvc::Status st = openvc::prepare_fp8(p, nullptr);
-  EXPECT_EQ(int(st.code()), int(openvc::StatusCode::kInvalidArgument)) << st.message();
-  EXPECT_NE(st.message().find(names), std::string::npos) << "message should name " << names << ": " << st.message();
 }
 
 TEST(PrepareVarlenArgs, RejectsBadParameters) {
   PrepareParams p = valid_packed_params();
   p.cu_seqlens_k = nullptr;
-  expect_rejected(p, "cu_seqlens_k is null");
+  expect_invalid(p, "cu_seqlens_k is null");
   p = valid_packed_params();
   p.cu_seqlens_q = nullptr;
-  expect_rejected(p, "cu_seqlens_q is null");
+  expect_invalid(p, "cu_seqlens_q is null");
   p = valid_packed_params();
   p.cu_seqlens_q = reinterpret_cast<const int*>(0x90002);
-  expect_rejected(p, "cu_seqlens_q must be 4-byte aligned");
+  expect_invalid(p, "cu_seqlens_q must be 4-byte aligned");
   p = valid_packed_params();
   p.num_seqs = 0;
-  expect_rejected(p, "num_seqs");
+  expect_invalid(p, "num_seqs");
   p = valid_packed_params();
   p.max_seqlen_q = 0;
-  expect_rejected(p, "max_seqlen_q");
+  expect_invalid(p, "max_seqlen_q");
   p = valid_packed_params();
   p.max_seqlen_k = -5;
-  expect_rejected(p, "max_seqlen_k");
+  expect_invalid(p, "max_seqlen_k");
   p = valid_packed_params();
   p.total_k = -1;  // unset: the offsets could not be clamped
-  expect_rejected(p, "total_q and total_k");
+  expect_invalid(p, "total_q and total_k");
   p = valid_packed_params();
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 1000, false);  // sized for one sequence
-  expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, false)");
+  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, false)");
   p = valid_packed_params();
   p.k_smoothing = true;  // the smoothing workspace is larger
-  expect_rejected(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, true)");
+  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, true)");
   p = valid_packed_params();
   p.v.stride_seq = 2 * 128 + 4;
-  expect_rejected(p, "v.stride_seq");
+  expect_invalid(p, "v.stride_seq");
   // Batched inputs (no offsets) with packed-only fields set.
   p = valid_packed_params();
   p.cu_seqlens_q = p.cu_seqlens_k = nullptr;
   p.batch = 1, p.seqlen_q = p.seqlen_k = 256;
-  expect_rejected(p, "num_seqs, max_seqlen_q and max_seqlen_k are for packed sequences");
+  expect_invalid(p, "num_seqs, max_seqlen_q and max_seqlen_k are for packed sequences");
 }
 
 }  // namespace
