@@ -234,6 +234,13 @@ def replay_matches_eager(torch, fmt, plain_fmt, seeds):
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_equals_eager(torch):
+    compile_matches_eager(torch, 8, lse_fmt=INT8, causal_fmt=SMOOTH, natural_fmt=SMOOTH)
+
+
+def compile_matches_eager(torch, seed, *, lse_fmt, causal_fmt, natural_fmt):
+    """attention() in a module compiled with torch.compile(fullgraph=True) equals the eager module: with the LSE
+    (lse_fmt), causal (causal_fmt), natural order and a softmax scale on rank-3 inputs (natural_fmt), packed
+    causal with the LSE (lse_fmt). (test_p_format runs it with the exp2 P format.)"""
     class Attn(torch.nn.Module):
         def __init__(self, **kwargs):
             super().__init__()
@@ -245,13 +252,13 @@ def test_gpu_torch_compile_equals_eager(torch):
                 kw.update(cu_seqlens_q=extra[0], cu_seqlens_k=extra[1])
             return open_vc_attn.attention(q, k, v, **kw)
 
-    q, k, v = randn_qkv(torch, 2, 700, 900, 2, seed=8)
+    q, k, v = randn_qkv(torch, 2, 700, 900, 2, seed=seed)
     cu = torch.tensor([0, 300, 1400], dtype=torch.int32, device="cuda")
     flat = [x.reshape(-1, 2, 128)[:1400].contiguous() for x in (q, k, v)]
-    runs = [(Attn(return_lse=True, **INT8), (q, k, v)),
-            (Attn(causal=True, **SMOOTH), (q, k, v)),
-            (Attn(mid_window_blocks=None, softmax_scale=0.08, **SMOOTH), (q[0], k[0], v[0])),
-            (Attn(max_seqlen_q=1100, max_seqlen_k=1100, causal=True, return_lse=True, **INT8), (*flat, cu, cu))]
+    runs = [(Attn(return_lse=True, **lse_fmt), (q, k, v)),
+            (Attn(causal=True, **causal_fmt), (q, k, v)),
+            (Attn(mid_window_blocks=None, softmax_scale=0.08, **natural_fmt), (q[0], k[0], v[0])),
+            (Attn(max_seqlen_q=1100, max_seqlen_k=1100, causal=True, return_lse=True, **lse_fmt), (*flat, cu, cu))]
     for module, args in runs:
         eager = module(*args)
         compiled = torch.compile(module, fullgraph=True)(*args)

@@ -21,7 +21,8 @@ import pytest
 import open_vc_attn
 from open_vc_attn import PreparedFP8
 from helpers import cpu_qkv
-from test_gpu_int8_mode import _every_call_class, exact, randn_qkv, rel_l2, replay_matches_eager
+from test_gpu_int8_mode import (_every_call_class, compile_matches_eager, exact, randn_qkv, rel_l2,
+                                replay_matches_eager)
 from test_int8_mode import DENSE, fake_mode, int8_tensors
 
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
@@ -393,28 +394,4 @@ def test_gpu_cuda_graph_replay_exp2(torch):
 @pytest.mark.gpu
 def test_gpu_torch_compile_equals_eager_exp2(torch):
     _require_pformat()
-
-    class Attn(torch.nn.Module):
-        def __init__(self, **kwargs):
-            super().__init__()
-            self.kwargs = kwargs
-
-        def forward(self, q, k, v, *extra):
-            kw = dict(self.kwargs)
-            if extra:
-                kw.update(cu_seqlens_q=extra[0], cu_seqlens_k=extra[1])
-            return open_vc_attn.attention(q, k, v, **kw)
-
-    q, k, v = randn_qkv(torch, 2, 700, 900, 2, seed=19)
-    cu = torch.tensor([0, 300, 1400], dtype=torch.int32, device="cuda")
-    flat = [x.reshape(-1, 2, 128)[:1400].contiguous() for x in (q, k, v)]
-    runs = [(Attn(return_lse=True, **EXP2_PLAIN), (q, k, v)),
-            (Attn(causal=True, **EXP2_PLAIN), (q, k, v)),
-            (Attn(mid_window_blocks=None, softmax_scale=0.08, **EXP2), (q[0], k[0], v[0])),
-            (Attn(max_seqlen_q=1100, max_seqlen_k=1100, causal=True, return_lse=True, **EXP2_PLAIN), (*flat, cu, cu))]
-    for module, args in runs:
-        eager = module(*args)
-        compiled = torch.compile(module, fullgraph=True)(*args)
-        eager, compiled = ((x,) if torch.is_tensor(x) else x for x in (eager, compiled))
-        for e, c in zip(eager, compiled):
-            assert c.shape == e.shape and c.dtype == e.dtype and torch.equal(c, e)
+    compile_matches_eager(torch, 19, lse_fmt=EXP2_PLAIN, causal_fmt=EXP2_PLAIN, natural_fmt=EXP2)
