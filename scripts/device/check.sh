@@ -196,37 +196,31 @@ step_variants() {
    exit $rc)
 }
 
-step_profile() {
-  local ncu
+# Nsight Compute of one launch of the attention kernel in COMMAND (the launch after SKIP others), then its details
+# page and per-instruction CSV: ncu_profile TAG SKIP COMMAND... writes $OUT/prof$TAG.ncu-rep, ncu${TAG}_run.txt,
+# ncu${TAG}_details.txt and ncu${TAG}_source.csv (read it with scripts/profile_summary.py).
+ncu_profile() {
+  local tag=$1 skip=$2 ncu
+  shift 2
   ncu=$(tool ncu "/opt/nvidia/nsight-compute/*/ncu")
-  [ -n "$ncu" ] || { echo "profile: ncu not found"; return 1; }
-  (cpp_env
-   timeout 300 "$ncu" --clock-control none -k regex:expcast_attention --launch-skip 0 --launch-count 1 \
-     --section SourceCounters --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
-     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-     -o "$OUT/prof" -f "$KERNEL_BENCH" 32768 7 1 1 4 > "$OUT/ncu_run.txt" 2>&1 || { tail -20 "$OUT/ncu_run.txt"; exit 1; }
-   tail -3 "$OUT/ncu_run.txt")
-  "$ncu" --import "$OUT/prof.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
-  "$ncu" --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1
-  wc -l "$OUT/ncu_source.csv"
-  grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu_details.txt" | head -12
+  [ -n "$ncu" ] || { echo "profile$tag: ncu not found"; return 1; }
+  timeout 300 "$ncu" --clock-control none -k regex:expcast_attention --launch-skip "$skip" --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    -o "$OUT/prof$tag" -f "$@" > "$OUT/ncu${tag}_run.txt" 2>&1 || { tail -20 "$OUT/ncu${tag}_run.txt"; return 1; }
+  tail -3 "$OUT/ncu${tag}_run.txt"
+  "$ncu" --import "$OUT/prof$tag.ncu-rep" --page details > "$OUT/ncu${tag}_details.txt" 2>&1
+  "$ncu" --import "$OUT/prof$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu${tag}_source.csv" 2>&1
+  wc -l "$OUT/ncu${tag}_source.csv"
+  grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu${tag}_details.txt" | head -12
 }
 
-# Nsight Compute of the second attention_fp8 launch of scripts/device/cross_call.py (the installed package).
+step_profile() { (cpp_env; ncu_profile "" 0 "$KERNEL_BENCH" 32768 7 1 1 4); }
+
+# The second attention_fp8 launch of scripts/device/cross_call.py (the installed package).
 step_profile_cross() {
   step_install || return 1
-  local ncu
-  ncu=$(tool ncu "/opt/nvidia/nsight-compute/*/ncu")
-  [ -n "$ncu" ] || { echo "profile-cross: ncu not found"; return 1; }
-  (cd /tmp && timeout 300 "$ncu" --clock-control none -k regex:expcast_attention --launch-skip 1 --launch-count 1 \
-     --section SourceCounters --section WarpStateStats --section SchedulerStats --section SpeedOfLight \
-     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-     -o "$OUT/prof_cross" -f "$PY" "$REPO/scripts/device/cross_call.py" > "$OUT/ncu_cross_run.txt" 2>&1 \
-     || { tail -20 "$OUT/ncu_cross_run.txt"; exit 1; }
-   tail -3 "$OUT/ncu_cross_run.txt")
-  "$ncu" --import "$OUT/prof_cross.ncu-rep" --page details > "$OUT/ncu_cross_details.txt" 2>&1
-  "$ncu" --import "$OUT/prof_cross.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_cross_source.csv" 2>&1
-  grep -E "Issue Slot|Eligible|Active Warps|No Eligible|SM Busy|Compute \(SM\)|Duration" "$OUT/ncu_cross_details.txt" | head -12
+  (cd /tmp && ncu_profile _cross 1 "$PY" "$REPO/scripts/device/cross_call.py")
 }
 
 # ---- Python steps (the installed package; run from /tmp so that the source tree is not imported) -----------
