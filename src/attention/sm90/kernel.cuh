@@ -55,6 +55,8 @@ struct alignas(1024) SharedStorage {
   static_assert(!has_mode<kMode>(kBlockListMode) ||
                     !has_mode<kMode>(Mode(kVcMode | kRepairMode | kCausalMode | kVarlenMode | kExp2PMode)),
                 "key block lists are built for batched calls (not causal, varlen, repair, VC or exp2)");
+  static_assert(!has_mode<kMode>(kChunkedCausalMode) || has_mode<kMode>(kCausalMode),
+                "chunked causal is a variant of the causal mode");
 };
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -276,6 +278,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kRepair = has_mode<kMode>(kRepairMode);
   constexpr bool kVc = has_mode<kMode>(kVcMode);
   constexpr bool kCausal = has_mode<kMode>(kCausalMode);
+  constexpr bool kChunked = has_mode<kMode>(kChunkedCausalMode);   // causal_chunk > 1
   constexpr bool kInt8 = has_mode<kMode>(kInt8QkMode);
   constexpr bool kExp2 = has_mode<kMode>(kExp2PMode);   // P format exp2 (INT8 only)
   constexpr bool kVScale = has_mode<kMode>(kVBlockDescaleMode);   // V descale per key block
@@ -295,12 +298,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     const int n = w.n;
-    // The key block of step i (block lists: a loaded index, made visibly uniform for the mask branches).
-    auto order = [&](int i) {
-      const int b = key_block<kMode>(w, i, p.num_k_blocks);
-      if constexpr (has_mode<kMode>(kBlockListMode)) return int(__reduce_max_sync(0xffffffffu, b));
-      else return b;
-    };
+    // The tile's visiting order of key blocks (block lists: of list positions, which consumer_block maps to
+    // blocks). A reference and a pointer, not a lambda capturing the tile: with the lambda, ptxas laid out the
+    // modes without lists differently from before the lists existed (same speed, other SASS).
+    const KeyOrder& order = w.order;
     const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
     const float* kd = k_descales<kInt8>(p, c);
     // kVScale: the (b, h)'s V block descales and the one of the block whose codes st.p holds (its PV product
@@ -310,11 +311,15 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).
     int vis_lo = w.sk, vis_hi = w.sk, vis_first = w.sk;
-    if constexpr (kCausal) {   // the rows' key limits (chunked causal included), non-decreasing in the row
+    if constexpr (kChunked) {   // the rows' key limits, non-decreasing in the row
       const int r_lo = c.qt * kBlockM + row_base + g;
       vis_lo = causal_key_limit(r_lo, w.sq, w.sk, p.causal_chunk);
       vis_hi = causal_key_limit(r_lo + 8, w.sq, w.sk, p.causal_chunk);
       vis_first = causal_key_limit(c.qt * kBlockM, w.sq, w.sk, p.causal_chunk);
+    } else if constexpr (kCausal) {   // causal_key_limit with chunk 1
+      const int shift = w.sk - w.sq + 1, r_lo = c.qt * kBlockM + row_base + g;
+      vis_lo = min(r_lo + shift, w.sk), vis_hi = min(r_lo + 8 + shift, w.sk);
+      vis_first = min(c.qt * kBlockM + shift, w.sk);
     }
     auto mask_of = [&](int blk) {
       const int k0 = blk * kBlockN;
@@ -333,7 +338,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
 
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
     // around the asynchronous tensor-core work).
-    int blk = order(0);
+    int blk = consumer_block<kMode>(w.blocks, order(0), p.num_k_blocks);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
     issue_order.before();
     issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
@@ -358,7 +363,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // QK^T wait and the conversion.
     // INT8: this thread's two key-group descales (groups t and t + 4) of the block.
     using KDescale = std::conditional_t<kInt8, KGroupPair, float>;
-    KDescale kd_next = n > 1 ? prefetch_k_descale<kInt8>(kd, order(1), t) : KDescale{};
+    KDescale kd_next = n > 1 ? prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(1), p.num_k_blocks), t) : KDescale{};
 
     // Issue of one key block: QK^T of the ring's current K tile and PV of the previous tile's codes,
     // then the wait for QK^T (PV keeps running). Shared by the original and the repair blocks.
@@ -385,10 +390,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       constexpr int kFlush = decltype(flush_kind)::value;
       // Causal full steps run to the last block, so they test for it (and for the prefetch bound).
       constexpr bool kMaybeLast = kMaybePartial || kCausal;
-      blk = order(i);
+      blk = consumer_block<kMode>(w.blocks, order(i), p.num_k_blocks);
       const float dv_blk = kVScale ? __ldg(vd + blk) : 1.0f;
       const KDescale kd_blk = kd_next;
-      if (!kMaybeLast || i + 1 < n) kd_next = prefetch_k_descale<kInt8>(kd, order(i + 1), t);
+      if (!kMaybeLast || i + 1 < n) kd_next = prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(i + 1), p.num_k_blocks), t);
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3; INT8:
       // ((qk_multiplier * dq_row) * dk_group), one per row and half, section 9).
@@ -421,13 +426,22 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // causal, up to chunk / 128 + 2 where a chunk boundary crosses the tile) first in the order from the
     // diagonal down, last in natural order.
     int last_full = clip ? 0 : n - 2;   // clip: every block through the general step
-    if constexpr (kCausal) {
+    if constexpr (kChunked) {
       const int masked = min(n - vis_first / kBlockN, n);   // vis_first >= 0
       if (p.mid_window_blocks >= 0) {
         for (; i < masked; ++i) step(i, std::true_type{}, std::integral_constant<int, 1>{});
         if (!clip) last_full = n - 1;   // every later block is full, the last included
       } else if (!clip) {
         last_full = n - 1 - masked;
+      }
+    } else if constexpr (kCausal) {   // at most two masked blocks (the diagonal spans two when Sk - Sq is not
+                                      // a multiple of 128)
+      if (p.mid_window_blocks >= 0) {
+        if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
+        i = 2;
+        if (!clip) last_full = n - 1;
+      } else if (!clip) {
+        last_full = n - 3;
       }
     }
     // The full blocks (1 .. n-2 without causal) in groups of the flush period (a flush after the

@@ -307,6 +307,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   pl.mode = vc ? kVcMode
            : rep.rows > 0 ? kRepairMode
            : (varlen ? kVarlenMode : kPlainMode) | (params.causal ? kCausalMode : kPlainMode) |
+                 (params.causal && params.causal_chunk > 1 ? kChunkedCausalMode : kPlainMode) |
                  (d == 64 ? kHeadDim64Mode : kPlainMode) |
                  (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode) |
                  (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode) |

@@ -52,6 +52,11 @@ enum Mode : int {
   // 3D maps; seqused_k marks the cache's length), E4M3 or INT8 Q/K, head dim 128 (not causal, repair, VC,
   // block lists or exp2).
   kVBlockDescaleMode = 256,
+  // Chunked causal (AttentionParams::causal_chunk > 1, numerics section 5, "Chunked causal"), with kCausalMode:
+  // each row's key limit from causal_key_limit, tiles sized by the last row's limit, up to chunk / 128 + 2
+  // masked blocks per tile. Its own instantiations, so that plain causal (chunk 1) keeps its code: one per
+  // causal mode.
+  kChunkedCausalMode = 512,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -89,6 +94,18 @@ inline constexpr int kProductionModes[] = {
     kBlockListMode | kInt8QkMode | kHeadDim64Mode,
     kVBlockDescaleMode | kVarlenMode,
     kVBlockDescaleMode | kVarlenMode | kInt8QkMode,
+    kChunkedCausalMode | kCausalMode,
+    kChunkedCausalMode | kCausalMode | kVarlenMode,
+    kChunkedCausalMode | kCausalMode | kHeadDim64Mode,
+    kChunkedCausalMode | kCausalMode | kHeadDim64Mode | kVarlenMode,
+    kChunkedCausalMode | kCausalMode | kInt8QkMode,
+    kChunkedCausalMode | kCausalMode | kInt8QkMode | kVarlenMode,
+    kChunkedCausalMode | kCausalMode | kInt8QkMode | kHeadDim64Mode,
+    kChunkedCausalMode | kCausalMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode,
+    kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kVarlenMode,
+    kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode,
+    kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -112,7 +129,8 @@ inline std::string mode_name(int mode) {
   constexpr struct { int bit; const char* name; } kBits[] = {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
-      {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"}};
+      {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"},
+      {kChunkedCausalMode, "chunked"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;

@@ -149,8 +149,13 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
   }
   if constexpr (kCausal) {
     // Blocks the tile's last row sees (numerics section 5; chunked causal too), from the diagonal down.
-    const int limit = causal_key_limit(min(r0 + kBlockM, w.sq) - 1, w.sq, w.sk, p.causal_chunk);
-    w.n = min((limit + kBlockN - 1) / kBlockN, w.n);
+    if constexpr (has_mode<kMode>(kChunkedCausalMode)) {
+      const int limit = causal_key_limit(min(r0 + kBlockM, w.sq) - 1, w.sq, w.sk, p.causal_chunk);
+      w.n = min((limit + kBlockN - 1) / kBlockN, w.n);
+    } else {   // the same with chunk 1
+      const int last_key = min(r0 + kBlockM, w.sq) - 1 + (w.sk - w.sq);
+      w.n = last_key < 0 ? 0 : min(last_key / kBlockN + 1, w.n);
+    }
     w.order = KeyOrder(w.n - 1, w.n, p.mid_window_blocks < 0 ? -1 : 0);
   } else {
     // floor(r0 Sk / Sq / 128) with r0 = 128 qt is floor(qt Sk / Sq); 32-bit (the host checks the
@@ -178,6 +183,15 @@ template <int kMode>
 __device__ __forceinline__ int key_block(const TileWork& w, int i, int nk) {
   const int pos = w.order(i);
   if constexpr (has_mode<kMode>(kBlockListMode)) return min(max(__ldg(w.blocks + pos), 0), nk - 1);
+  else return pos;
+}
+
+// The consumers' key block at order position pos: pos itself, or (kBlockListMode) the listed block there
+// (key_block's clamp) made visibly uniform with redux.sync for the mask branches. blocks: TileWork::blocks.
+template <int kMode>
+__device__ __forceinline__ int consumer_block(const int* blocks, int pos, int nk) {
+  if constexpr (has_mode<kMode>(kBlockListMode))
+    return int(__reduce_max_sync(0xffffffffu, min(max(__ldg(blocks + pos), 0), nk - 1)));
   else return pos;
 }
 
