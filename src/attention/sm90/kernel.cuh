@@ -363,7 +363,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // QK^T wait and the conversion.
     // INT8: this thread's two key-group descales (groups t and t + 4) of the block.
     using KDescale = std::conditional_t<kInt8, KGroupPair, float>;
-    KDescale kd_next = n > 1 ? prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(1), p.num_k_blocks), t) : KDescale{};
+    KDescale kd_next =
+        n > 1 ? prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(1), p.num_k_blocks), t)
+              : KDescale{};
 
     // Issue of one key block: QK^T of the ring's current K tile and PV of the previous tile's codes,
     // then the wait for QK^T (PV keeps running). Shared by the original and the repair blocks.
@@ -393,7 +395,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       blk = consumer_block<kMode>(w.blocks, order(i), p.num_k_blocks);
       const float dv_blk = kVScale ? __ldg(vd + blk) : 1.0f;
       const KDescale kd_blk = kd_next;
-      if (!kMaybeLast || i + 1 < n) kd_next = prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(i + 1), p.num_k_blocks), t);
+      if (!kMaybeLast || i + 1 < n)
+        kd_next = prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(i + 1), p.num_k_blocks), t);
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3; INT8:
       // ((qk_multiplier * dq_row) * dk_group), one per row and half, section 9).
@@ -423,7 +426,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     };
     int i = 1;
     // Causal visits its masked blocks (those past the tile's first row's limit: at most two with plain
-    // causal, up to chunk / 128 + 2 where a chunk boundary crosses the tile) first in the order from the
+    // causal, up to about chunk / 128 + 3 where a chunk boundary crosses the tile) first in the order from the
     // diagonal down, last in natural order.
     int last_full = clip ? 0 : n - 2;   // clip: every block through the general step
     if constexpr (kChunked) {
@@ -435,7 +438,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
         last_full = n - 1 - masked;
       }
     } else if constexpr (kCausal) {   // at most two masked blocks (the diagonal spans two when Sk - Sq is not
-                                      // a multiple of 128)
+                                      // a multiple of 128); c1f7039's schedule: step 1 always masked (flushes)
       if (p.mid_window_blocks >= 0) {
         if (n > 1) step(1, std::true_type{}, std::integral_constant<int, 1>{});
         i = 2;

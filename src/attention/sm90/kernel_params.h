@@ -46,7 +46,7 @@ struct KernelParams {
   const int* blk_index;
   int64_t blk_stride_b, blk_stride_h;
   int blk_capacity;
-  // kCausalMode: key chunk of the causal mask (1: plain causal; F: key j visible to query i iff
+  // kChunkedCausalMode: key chunk of the causal mask (F > 1: key j visible to query i iff
   // j < (floor((i + Sk - Sq) / F) + 1) * F, numerics section 5), >= 1.
   int causal_chunk;
 };

@@ -53,9 +53,9 @@ enum Mode : int {
   // block lists or exp2).
   kVBlockDescaleMode = 256,
   // Chunked causal (AttentionParams::causal_chunk > 1, numerics section 5, "Chunked causal"), with kCausalMode:
-  // each row's key limit from causal_key_limit, tiles sized by the last row's limit, up to chunk / 128 + 2
-  // masked blocks per tile. Its own instantiations, so that plain causal (chunk 1) keeps its code: one per
-  // causal mode.
+  // each row's key limit from causal_key_limit, tiles sized by the last row's limit, the masked blocks counted
+  // per tile (up to about chunk / 128 + 3). Its own instantiations, so that plain causal (chunk 1) keeps its
+  // code: one per causal mode (a static_assert below checks every causal mode has its twin).
   kChunkedCausalMode = 512,
 };
 
@@ -121,6 +121,13 @@ constexpr bool production_modes_unique() {
   return true;
 }
 static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
+constexpr bool causal_modes_have_chunked_twins() {
+  for (int m : kProductionModes)
+    if ((m & kCausalMode) && !(m & kChunkedCausalMode) && !is_production_mode(m | kChunkedCausalMode)) return false;
+  return true;
+}
+static_assert(causal_modes_have_chunked_twins(),
+              "every causal mode of kProductionModes needs its kChunkedCausalMode twin (causal_chunk > 1)");
 
 // The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
 inline std::string mode_name(int mode) {

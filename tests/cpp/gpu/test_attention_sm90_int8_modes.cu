@@ -79,6 +79,7 @@ struct Int8ModeCase {
   float qk_scale = 1.0f;             // q and k multiplied by this (sharp heads)
   const openvc::testing::BlockLists* blocks = nullptr;   // key block lists (batched; exact not compared)
   bool v_block_descale = false;      // V descales per key block (attention_case.h; exact not compared)
+  int causal_chunk = 1;              // with causal: chunked causal (numerics section 5)
 };
 
 Int8ModeCase batched(int B, int sq, int sk, int H, int D, bool causal, int w, bool video) {
@@ -147,6 +148,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   ref::AttentionOptions opt;
   opt.mid_window_blocks = c.mid_window;
   opt.causal = c.causal;
+  opt.causal_chunk = c.causal_chunk;
   opt.p_format = exp2 ? ref::PFormat::kExp2 : ref::PFormat::kExpCast;
   const ref::KeyBlockLists host_blocks = c.blocks ? c.blocks->host() : ref::KeyBlockLists{};
   if (c.blocks) opt.key_blocks = &host_blocks;
@@ -206,6 +208,7 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   p.lse = dlse.as<float>();
   p.mid_window_blocks = c.mid_window;
   p.causal = c.causal;
+  p.causal_chunk = c.causal_chunk;
   p.v_descale_per_block = c.v_block_descale;
   if (c.packed) {
     p.cu_seqlens_q = dcu_q.ptr(), p.cu_seqlens_k = dcu_k.ptr();
@@ -265,7 +268,8 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
 
   // Against exact attention on the original inputs: as accurate as the reference on the same codes.
   std::vector<double> exact;
-  ASSERT_TRUE(ref::attention_exact(q.data(), k.data(), v.data(), qs, ks, 0.0f, c.causal, &exact).ok());
+  ASSERT_TRUE(ref::attention_exact(q.data(), k.data(), v.data(), qs, ks, 0.0f, c.causal, &exact, nullptr,
+                                   c.causal_chunk).ok());
   const ref::ErrorMetrics ek = ref::compare(got.data(), exact.data(), int64_t(n));
   const ref::ErrorMetrics er = ref::compare(want.out.data(), exact.data(), int64_t(n));
   EXPECT_LE(ek.rel_l2, 1.05 * er.rel_l2 + 1e-3);
@@ -394,6 +398,21 @@ TEST(Sm90Int8Exp2P, CausalCross) {
   SKIP_WITHOUT_SM90();
   causal_cross_cases(true);
 }
+// Chunked causal (kChunkedCausalMode) with INT8 Q/K, ExpCast and exp2 P: head dim 128 and 64, batched and packed,
+// chunks whose edges cross query tiles.
+TEST(Sm90Int8Modes, ChunkedCausal) {
+  SKIP_WITHOUT_SM90();
+  for (bool exp2 : {false, true})
+    for (int D : {128, 64}) {
+      Int8ModeCase c = batched(2, 1000, 1000, 2, D, true, 4, true);
+      c.causal_chunk = 300;
+      run_int8_case(c, exp2);
+      c = packed({1000, 0, 700}, {1000, 0, 900}, 2, D, true, ref::kNaturalOrder, false);
+      c.causal_chunk = 250;
+      run_int8_case(c, exp2);
+    }
+}
+
 TEST(Sm90Int8Modes, PackedUnevenAndEmpty) {
   SKIP_WITHOUT_SM90();
   packed_uneven_and_empty_cases(false);

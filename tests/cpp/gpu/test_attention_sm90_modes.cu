@@ -80,6 +80,9 @@ TEST(Sm90Modes, ChunkedCausal) {
     c = batched(1, 4000, 4000, 1, 128, true, 4, true, path);    // a 720p frame: one edge at 3,600
     c.causal_chunk = 3600;
     run_case(c);
+    c = packed({1000, 0, 700}, {1000, 0, 900}, 2, true, 4, false);   // head dim 64, packed
+    c.head_dim = 64, c.path = path, c.causal_chunk = 300;
+    run_case(c);
   }
 }
 
