@@ -286,16 +286,19 @@ def calls_by_path(stats):
 @contextlib.contextmanager
 def fast_path_stand_in(torch, ovd, ovp):
     """--dry-run / --shapes-only: the policy's device check passes CPU and meta tensors, and openvc's kernel
-    is replaced by torch SDPA in FP32 with the same key mask (meta: an empty output), so that the calls take
-    the path they take on the GPU and the openvc branch of the integration (mask and scale passing) runs."""
+    is replaced by torch SDPA in FP32 with the same key mask or key counts (meta: an empty output), so that the
+    calls take the path they take on the GPU and the openvc branch of the integration (mask and scale passing)
+    runs."""
     saved = ovp._device_reason, ovd._fast_attention
 
     def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
-                 p_format="expcast"):
+                 p_format="expcast", seqused_k=None):
         # (the stand-in computes FP32 SDPA whatever the policy's Q/K and P formats)
         if q.device.type == "meta":
             out = torch.empty_like(q)
         else:
+            if seqused_k is not None:     # the first seqused_k[b] keys of entry b
+                attn_mask = torch.arange(k.shape[1], device=k.device)[None, :] < seqused_k[:, None].long()
             mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
             out = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), attn_mask=mask,

@@ -26,13 +26,19 @@ STAND_IN_REL_L2 = 0.02      # FP32 SDPA rounded to BF16 against diffusers' BF16 
 @pytest.fixture
 def stand_in(torch, ovd, policy, monkeypatch):
     """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale, formats)
-    of each call and computes torch SDPA in FP32 with the key mask it was given."""
+    of each call and computes torch SDPA in FP32 with the key mask (or the key counts, seqused_k) it was
+    given. Records "mask" or "counts" after the counts: how the call received them."""
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     seen = []
 
-    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, **fmt):
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, seqused_k=None, **fmt):
+        assert attn_mask is None or seqused_k is None
+        if seqused_k is not None:   # the first seqused_k[b] keys of entry b
+            attn_mask = torch.arange(k.shape[1])[None, :] < seqused_k[:, None].long()
         counts = None if attn_mask is None else attn_mask.reshape(q.shape[0], -1).bool().sum(-1).tolist()
         seen.append((tuple(q.shape), tuple(k.shape), counts, causal, scale))
+        if counts is not None:
+            seen[-1] += ("counts" if seqused_k is not None else "mask",)
         mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
         out = torch.nn.functional.scaled_dot_product_attention(
             *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=mask, scale=scale, is_causal=causal)
@@ -159,7 +165,7 @@ def test_mochi_key_counts_not_a_loop(torch, ovd, policy, stand_in):
     valid = [[1, 1, 1, 1, 1, 0, 0, 0], [1, 0, 1, 1, 0, 0, 1, 0]]
     model, inputs = mochi(torch, valid)
     ref, out, stats = run_three_ways(torch, ovd, model, inputs, small_policy(policy, 64))
-    assert stand_in == [((2, 136, 2, 128), (2, 136, 2, 128), [128 + 5, 128 + 4], False, None)] * 2
+    assert stand_in == [((2, 136, 2, 128), (2, 136, 2, 128), [128 + 5, 128 + 4], False, None, "counts")] * 2
     assert stats == {("openvc", ""): 2}
     assert rel_l2(out, ref) < STAND_IN_REL_L2
     # the text rows of one block's attention, against diffusers' processor on the same inputs
@@ -344,3 +350,11 @@ def test_unsupported_models_get_a_clear_error(torch, ovd):
     with pytest.raises(ValueError, match=r"^model: LatteTransformer3DModel's attention processors "
                                          r"\(AttnProcessor2_0\)"):
         ovd.apply(latte)
+
+
+def test_direct_route_key_counts_need_the_mask(torch, ovd):
+    """The processors' route takes key counts only with the key mask they stand for (the policy and the auto
+    format read the mask): counts alone are an error naming the argument."""
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="key_counts: given with key_mask=None"):
+        ovd._direct_attention(None, None, None, q, q, q, lambda: q, key_counts=torch.tensor([8], dtype=torch.int32))

@@ -162,8 +162,10 @@ class MochiProcessor(DirectProcessor):
     """Mochi (``MochiAttnProcessor2_0``): joint attention of each sample over its video tokens and its
     prompt's valid text tokens (``attention_mask`` [B, T], nonzero = valid), head dim 128. diffusers runs one
     SDPA per sample on the gathered valid tokens; here the whole batch is one openvc call over
-    ``[video; text]`` with a key padding mask (the padded text keys), and the text rows are then put where
-    diffusers puts them (the valid tokens' outputs first, in order, then zeros)."""
+    ``[video; text]`` with each sample's valid text tokens moved first (a stable sort of its T text rows), so
+    that the kept keys are a prefix: key counts (video + valid text), no gather of the keys. The text outputs
+    are then where diffusers puts them (the valid tokens' first, in order, then zeros). q and k are roped
+    straight into the joint buffers, so the video rows of q and k are not copied again."""
 
     replaces = ("MochiAttnProcessor2_0",)
 
@@ -189,20 +191,29 @@ class MochiProcessor(DirectProcessor):
             eq = attn.norm_added_q(eq)
         if attn.norm_added_k is not None:
             ek = attn.norm_added_k(ek)
-        if image_rotary_emb is not None:
-            query = _mochi_rope(torch, query, *image_rotary_emb)
-            key = _mochi_rope(torch, key, *image_rotary_emb)
         video_len = query.shape[1]
+        q_all, k_all = (x.new_empty(batch, video_len + text_len, *x.shape[2:]) for x in (query, key))
+        if image_rotary_emb is not None:
+            query = _mochi_rope(torch, query, *image_rotary_emb, out=q_all[:, :video_len])
+            key = _mochi_rope(torch, key, *image_rotary_emb, out=k_all[:, :video_len])
+        else:
+            q_all[:, :video_len], k_all[:, :video_len] = query, key
         valid = attention_mask.reshape(batch, text_len) != 0
 
         def native():
             return _mochi_per_sample(torch, query, key, value, eq, ek, ev, valid).transpose(1, 2)
 
-        keep = torch.cat([valid.new_ones(batch, video_len), valid], dim=1)
-        out, on_openvc = self._openvc_route(self, torch.cat([query, eq], dim=1), torch.cat([key, ek], dim=1),
-                                            torch.cat([value, ev], dim=1), native, key_mask=keep)
-        if on_openvc:
-            out = torch.cat([out[:, :video_len], _valid_rows_first(torch, out[:, video_len:], valid)], dim=1)
+        # each sample's valid text rows first (in order): its kept keys are then the first video + n of them
+        order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, :, None, None].expand_as(ek)
+        n_valid = valid.sum(dim=1, dtype=torch.int32)
+        q_all[:, video_len:], k_all[:, video_len:] = torch.gather(eq, 1, order), torch.gather(ek, 1, order)
+        v_all = torch.cat([value, torch.gather(ev, 1, order)], dim=1)
+        counts = n_valid + video_len
+        keep = torch.arange(video_len + text_len, device=valid.device)[None, :] < counts[:, None]
+        out, on_openvc = self._openvc_route(self, q_all, k_all, v_all, native, key_mask=keep, key_counts=counts)
+        if on_openvc:   # the rows of padded text tokens: zeros, as diffusers leaves them
+            padded = torch.arange(text_len, device=valid.device)[None, :] >= n_valid[:, None]
+            out[:, video_len:].masked_fill_(padded[:, :, None, None], 0)
         hidden_states = out.flatten(2, 3)
         hidden_states, encoder_hidden_states = hidden_states.split_with_sizes((video_len, text_len), dim=1)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
@@ -211,12 +222,17 @@ class MochiProcessor(DirectProcessor):
         return hidden_states, encoder_hidden_states
 
 
-def _mochi_rope(torch, x, freqs_cos, freqs_sin):
-    """diffusers 0.42.1 MochiAttnProcessor2_0's rotary embedding (interleaved pairs, FP32 math)."""
+def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
+    """diffusers 0.42.1 MochiAttnProcessor2_0's rotary embedding (interleaved pairs, FP32 math), the same values
+    written into ``out`` ([B, S, H, D], a slice of a joint buffer) and returned. Sample by sample, because each
+    sample's rows are contiguous there (into the strided batch view, torch would write the two halves as two
+    copies of every other element)."""
     x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
     cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
     sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
-    return torch.stack([cos, sin], dim=-1).flatten(-2)
+    for b in range(out.shape[0]):
+        torch.stack([cos[b], sin[b]], dim=-1, out=out[b].unflatten(-1, (-1, 2)))
+    return out
 
 
 def _mochi_per_sample(torch, query, key, value, eq, ek, ev, valid):
@@ -234,16 +250,6 @@ def _mochi_per_sample(torch, query, key, value, eq, ek, ev, valid):
                                              dropout_p=0.0, is_causal=False)
         outs.append(F.pad(out, (0, 0, 0, total - out.size(2))))
     return torch.cat(outs, dim=0)
-
-
-def _valid_rows_first(torch, rows, valid):
-    """rows [B, T, H, D] -> each sample's valid rows first (in order), then zeros: where diffusers' Mochi
-    processor puts the text outputs. A stable sort on the mask and one gather (no host synchronization)."""
-    order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)
-    rows = torch.gather(rows, 1, order[:, :, None, None].expand_as(rows))
-    counts = valid.sum(dim=1, keepdim=True)
-    filled = torch.arange(valid.shape[1], device=valid.device)[None, :] < counts
-    return rows.masked_fill(~filled[:, :, None, None], 0)
 
 
 _CLASSES = (CogVideoXProcessor, MochiProcessor, EasyAnimateProcessor)

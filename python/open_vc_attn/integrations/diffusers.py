@@ -139,13 +139,13 @@ def _dispatch():
 # ---- the backend function ------------------------------------------------------------------------------
 
 def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3",
-                    k_smoothing=False, p_format="expcast", block_mask=None):
-    """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask, causal or a BlockMask as the
-    policy took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
+                    k_smoothing=False, p_format="expcast", block_mask=None, seqused_k=None):
+    """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask or key counts (seqused_k), causal
+    or a BlockMask as the policy took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, key_padding_mask=attn_mask,
                                   causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format,
-                                  block_mask=block_mask)
+                                  block_mask=block_mask, seqused_k=seqused_k)
 
 
 def _record(path, reason, routes=None):
@@ -231,15 +231,23 @@ def _local_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return _fallback_call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, False, None)
 
 
-def _direct_attention(policy, routes, owner, query, key, value, native, key_mask=None):
+def _direct_attention(policy, routes, owner, query, key, value, native, key_mask=None, key_counts=None):
     """``route`` of the processors of :mod:`._diffusers_processors` (models that call torch SDPA
     themselves; ``owner``: the processor, the key of its auto choice): q, k, v [B, S, H, D], key_mask None
-    or a bool key padding mask [B, Sk]; not causal, SDPA's default scale. Returns (out [B, S, H, D] in q's
-    dtype, True) from openvc when :func:`_decide` takes the call, else (``native()``, False): the original
-    processor's own SDPA call. Counted like every call."""
-    out = _decide(policy if policy is not None else _state.policy, routes, owner,
-                  lambda pol, blocks: _openvc_call(query, key, value, None, False, key_mask, False, pol, blocks),
-                  query, key, value, key_mask)
+    or a bool key padding mask [B, Sk]; not causal, SDPA's default scale. key_counts (int32 [B], with a
+    key_mask that keeps exactly the first key_counts[b] keys of each entry, which the caller guarantees): the
+    openvc call takes the counts (no gather of the kept keys), the policy and the auto format's check the mask.
+    Returns (out [B, S, H, D] in q's dtype, True) from openvc when :func:`_decide` takes the call, else
+    (``native()``, False): the original processor's own SDPA call. Counted like every call."""
+    if key_counts is not None and key_mask is None:
+        raise ValueError("key_counts: given with key_mask=None (the policy and the auto format read the mask)")
+
+    def run(pol, blocks):
+        if key_counts is not None:
+            return _fast_attention(query, key, value, None, seqused_k=key_counts, **pol.openvc_kwargs())
+        return _openvc_call(query, key, value, None, False, key_mask, False, pol, blocks)
+
+    out = _decide(policy if policy is not None else _state.policy, routes, owner, run, query, key, value, key_mask)
     if out is None:
         return native(), False
     return (out if out.dtype == query.dtype else out.to(query.dtype)), True
