@@ -181,6 +181,39 @@ __device__ __forceinline__ void flush_partial(ConsumerState<ModeConfig<kMode>::k
 
 // Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
 // lse -inf). Rows past the sequence are never stored.
+// Two outputs of a row as one 32-bit word, BF16 or FP16.
+__device__ __forceinline__ uint32_t pack_pair(bool fp16, float x, float y) {
+  if (fp16) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+  const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// One 16-byte global store (a plain uint4 store was split into four 32-bit ones for the first chunk group).
+__device__ __forceinline__ void store_16b(void* dst, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+// A 4 x 4 transpose of 32-bit words across the four lanes of a quad (two butterfly rounds of two shuffles):
+// lane t holds w[k] = the pair t of chunk k (columns 8k + 2t, +1 of four 8-column chunks) and gets chunk t's
+// four pairs, its 8 contiguous columns. Every lane of the warp must call it.
+__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int t) {
+  constexpr unsigned kAll = 0xffffffffu;
+  uint32_t a0 = w[0], a1 = w[1], a2 = w[2], a3 = w[3];
+  const bool up2 = (t & 2) != 0, up1 = (t & 1) != 0;
+  // lanes t and t ^ 2 swap the off-diagonal 2 x 2 blocks
+  uint32_t r0 = __shfl_xor_sync(kAll, up2 ? a0 : a2, 2), r1 = __shfl_xor_sync(kAll, up2 ? a1 : a3, 2);
+  if (up2) a0 = r0, a1 = r1;
+  else a2 = r0, a3 = r1;
+  // lanes t and t ^ 1 transpose each 2 x 2 block
+  r0 = __shfl_xor_sync(kAll, up1 ? a0 : a1, 1), r1 = __shfl_xor_sync(kAll, up1 ? a2 : a3, 1);
+  if (up1) a0 = r0, a2 = r1;
+  else a1 = r0, a3 = r1;
+  return make_uint4(a0, a1, a2, a3);
+}
+
 template <int kMode, bool kNoKeys = false>
 __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMode>::kHeadDim>& st,
                                              const KernelParams& p, const TileWork& w, int row_base, int g, int t) {
@@ -203,33 +236,46 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   const int r_lo = c.qt * kBlockM + row_base + g, r_hi = r_lo + 8;
   const int sq = w.sq;
   __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
-  // Two outputs of a row as one 32-bit store, BF16 or FP16 (a uniform epilogue branch: out_dtype).
-  const bool fp16 = p.out_fp16;
-  auto store_pair = [fp16](__nv_bfloat16* dst, float x, float y) {
-    uint32_t bits;
-    if (fp16) {
-      const __half2 h = __floats2half2_rn(x, y);
-      bits = *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
-      bits = *reinterpret_cast<const uint32_t*>(&b);
-    }
-    *reinterpret_cast<uint32_t*>(dst) = bits;
-  };
-  if (r_lo < sq) {
-    __nv_bfloat16* row = base + r_lo * p.out_stride_s;
+  const bool fp16 = p.out_fp16;   // a uniform epilogue branch: out_dtype
+  if (p.out_vec16) {
+    // 16-byte stores: each quad's lanes trade their pairs so that lane t holds 8 contiguous outputs (chunk
+    // 4q + t of the row). Two outputs per store left half of every 32-byte sector to the next store (49% of
+    // the L2 sectors excessive in the 512-key cross-attention profile) and throttled the epilogue.
+    __nv_bfloat16* row_lo = base + r_lo * p.out_stride_s;
+    __nv_bfloat16* row_hi = base + r_hi * p.out_stride_s;
 #pragma unroll
-    for (int j = 0; j < C::kOutChunks; ++j) {
-      const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
-      store_pair(row + 8 * j + 2 * t, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
-    }
-  }
-  if (r_hi < sq) {
-    __nv_bfloat16* row = base + r_hi * p.out_stride_s;
+    for (int q = 0; q < C::kOutChunks / 4; ++q) {
+      uint32_t lo[4], hi[4];
 #pragma unroll
-    for (int j = 0; j < C::kOutChunks; ++j) {
-      const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
-      store_pair(row + 8 * j + 2 * t, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * q + k;
+        const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+        lo[k] = pack_pair(fp16, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
+        hi[k] = pack_pair(fp16, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+      }
+      // the shuffles run on every lane (a quad shares its row, so its lanes agree on the bounds below)
+      const uint4 vlo = quad_transpose(lo, t), vhi = quad_transpose(hi, t);
+      if (r_lo < sq) store_16b(row_lo + 8 * (4 * q + t), vlo);
+      if (r_hi < sq) store_16b(row_hi + 8 * (4 * q + t), vhi);
+    }
+  } else {
+    if (r_lo < sq) {
+      __nv_bfloat16* row = base + r_lo * p.out_stride_s;
+#pragma unroll
+      for (int j = 0; j < C::kOutChunks; ++j) {
+        const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+        *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t) =
+            pack_pair(fp16, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
+      }
+    }
+    if (r_hi < sq) {
+      __nv_bfloat16* row = base + r_hi * p.out_stride_s;
+#pragma unroll
+      for (int j = 0; j < C::kOutChunks; ++j) {
+        const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+        *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t) =
+            pack_pair(fp16, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+      }
     }
   }
   if (p.lse != nullptr && t == 0) {
@@ -329,9 +375,6 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
 #pragma unroll
     for (int i = 0; i < C::kAccRegs; ++i) st.o[i] = 0.0f;
     st.m_lo = st.m_hi = st.mo_lo = st.mo_hi = -INFINITY;
-    // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
-    // step for every block (measured: an inline guard in the steady state cost 3%).
-    const bool clip = !(kProbe & kNoHugeGuard) && tile_may_be_huge(qscale, kd, p.num_k_blocks);
     float s[64];
     TxBarrier::wait(&sh.q_full, iter & 1);
     ++iter;
@@ -343,6 +386,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     issue_order.before();
     issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
     issue_order.after();
+    // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
+    // step for every block (measured: an inline guard in the steady state cost 3%). Decided while the
+    // first QK^T runs: before it, the wait for the Q descale and the descale scan sat in every tile's start.
+    const bool clip = !(kProbe & kNoHugeGuard) && tile_may_be_huge(qscale, kd, p.num_k_blocks);
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);

@@ -49,6 +49,9 @@ struct KernelParams {
   // kChunkedCausalMode: key chunk of the causal mask (F > 1: key j visible to query i iff
   // j < (floor((i + Sk - Sq) / F) + 1) * F, numerics section 5), >= 1.
   int causal_chunk;
+  // out, its strides and every row's first column fall on 16 bytes: the epilogue stores 8 outputs of a row
+  // per instruction (quad_transpose in kernel.cuh); else two.
+  bool out_vec16;
 };
 
 }  // namespace openvc::sm90

@@ -291,6 +291,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.out_stride_b = sh.packed ? 0 : params.out_stride_batch;
   kp.out_stride_s = params.out_stride_seq;
   kp.out_stride_h = params.out_stride_head;
+  kp.out_vec16 = aligned(params.out, 16) && params.out_stride_seq % 8 == 0 && params.out_stride_head % 8 == 0 &&
+                 kp.out_stride_b % 8 == 0;
   kp.lse = params.lse;
   const float tau = params.softmax_scale > 0.0f ? params.softmax_scale : 1.0f / std::sqrt(float(in.head_dim));
   // ((8 log2e) * tau) * 2^-24, then * dq, * dk in the kernel: 2^-24 times the reference's multiplier.

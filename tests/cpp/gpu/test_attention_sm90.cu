@@ -335,6 +335,55 @@ TEST(Sm90Attention, ZeroResidualRepairChangesNothing) {
   EXPECT_EQ(download<uint16_t>(out_plain.p, nout), download<uint16_t>(out_rep.p, nout));
 }
 
+// The epilogue stores 8 outputs per instruction when out, its strides and every row fall on 16 bytes, else 2:
+// an output 4-byte but not 16-byte aligned (pointer, head stride, sequence stride) must hold the same bits,
+// with a partial last query tile (S = 1000) and both output dtypes, and leave the gaps between rows alone.
+TEST(Sm90Attention, OutputStoresMatchOffSixteenBytes) {
+  SKIP_WITHOUT_SM90();
+  const int B = 2, S = 1000, H = 3, D = 128;
+  const ref::Sequences seqs = ref::Sequences::Batched(B, S, H, D);
+  auto qkv = ref::testing::video_like(seqs, seqs, 5151);
+  ref::PreparedInputs prep;
+  ASSERT_TRUE(ref::prepare_inputs(qkv.q.data(), qkv.k.data(), qkv.v.data(), seqs, seqs, &prep).ok());
+  const std::vector<uint8_t> vpacked = pack_v(prep.v.codes, B, S, H, D);
+  DevBuf dq(prep.q.codes.size()), dk(prep.k.codes.size()), dv(vpacked.size());
+  DevBuf dqs(prep.q.descale.size() * 4), dks(prep.k.descale.size() * 4), dvs(prep.v.descale.size() * 4);
+  ASSERT_TRUE(upload(dq.p, prep.q.codes) && upload(dk.p, prep.k.codes) && upload(dv.p, vpacked) &&
+              upload(dqs.p, prep.q.descale) && upload(dks.p, prep.k.descale) && upload(dvs.p, prep.v.descale));
+  openvc::AttentionParams p;
+  p.in = {B, S, S, H, D, dq.as<uint8_t>(), dqs.as<float>(), dk.as<uint8_t>(), dks.as<float>(),
+          dv.as<uint8_t>(), dvs.as<float>()};
+  for (const auto dtype : {openvc::DType::kBFloat16, openvc::DType::kFloat16}) {
+    const size_t nout = size_t(B) * S * H * D;
+    DevBuf dense(nout * 2);
+    CUDA_OK(cudaMemset(dense.p, 0xFF, nout * 2));
+    p.out_dtype = dtype;
+    p.out = dense.p, p.out_stride_batch = int64_t(S) * H * D, p.out_stride_seq = int64_t(H) * D, p.out_stride_head = D;
+    ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok());
+    // head stride D + 2 (rows 4 bytes apart from 16), the whole output 4 bytes past a 16-byte boundary
+    const int64_t hs = D + 2, ss = H * hs, bs = S * ss, n_strided = B * bs + 2;
+    DevBuf strided(size_t(n_strided) * 2);
+    CUDA_OK(cudaMemset(strided.p, 0xFF, size_t(n_strided) * 2));
+    p.out = static_cast<uint16_t*>(strided.p) + 2, p.out_stride_batch = bs, p.out_stride_seq = ss, p.out_stride_head = hs;
+    ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> want = download<uint16_t>(dense.p, nout);
+    const std::vector<uint16_t> got = download<uint16_t>(strided.p, size_t(n_strided));
+    int64_t differ = 0, gaps_written = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t d = 0; d < D; ++d)
+            differ += got[2 + b * bs + i * ss + h * hs + d] != want[((b * S + i) * H + h) * D + d];
+          gaps_written += (got[2 + b * bs + i * ss + h * hs + D] != 0xFFFF) + (got[2 + b * bs + i * ss + h * hs + D + 1] != 0xFFFF);
+        }
+    EXPECT_EQ(differ, 0) << "dtype " << int(dtype);
+    EXPECT_EQ(gaps_written, 0) << "dtype " << int(dtype);
+    EXPECT_EQ(got[0], 0xFFFF);
+    EXPECT_EQ(got[1], 0xFFFF);
+  }
+}
+
 TEST(Sm90Attention, RejectsBadArguments) {
   openvc::AttentionParams p;
   openvc::Status st = openvc::attention_fp8(p, nullptr);
