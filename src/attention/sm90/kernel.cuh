@@ -179,8 +179,6 @@ __device__ __forceinline__ void flush_partial(ConsumerState<ModeConfig<kMode>::k
   else accumulate_tile<false, has_mode<kMode>(kCausalMode)>(st);
 }
 
-// Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
-// lse -inf). Rows past the sequence are never stored.
 // Two outputs of a row as one 32-bit word, BF16 or FP16.
 __device__ __forceinline__ uint32_t pack_pair(bool fp16, float x, float y) {
   if (fp16) {
@@ -214,6 +212,8 @@ __device__ __forceinline__ uint4 quad_transpose(const uint32_t (&w)[4], int t) {
   return make_uint4(a0, a1, a2, a3);
 }
 
+// Output of one tile: O / l in BF16 and the LSE. kNoKeys: the tile has no visible key (output 0,
+// lse -inf). Rows past the sequence are never stored.
 template <int kMode, bool kNoKeys = false>
 __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMode>::kHeadDim>& st,
                                              const KernelParams& p, const TileWork& w, int row_base, int g, int t) {
