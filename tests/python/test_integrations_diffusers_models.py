@@ -25,9 +25,9 @@ STAND_IN_REL_L2 = 0.02      # FP32 SDPA rounded to BF16 against diffusers' BF16 
 
 @pytest.fixture
 def stand_in(torch, ovd, policy, monkeypatch):
-    """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale, formats)
-    of each call and computes torch SDPA in FP32 with the key mask (or the key counts, seqused_k) it was
-    given. Records "mask" or "counts" after the counts: how the call received them."""
+    """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale) of each
+    call, with "mask" or "counts" appended where it had keys cut (a key mask or key counts, seqused_k), and
+    computes torch SDPA in FP32 with them."""
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     seen = []
 
@@ -183,6 +183,45 @@ def test_mochi_key_counts_not_a_loop(torch, ovd, policy, stand_in):
     for w, o in zip(want, got):
         assert rel_l2(o, w) < STAND_IN_REL_L2
     assert torch.equal(got[1][1, 4:], want[1][1, 4:])      # the rows after the valid ones: diffusers' exactly
+
+
+def test_mochi_with_autograd_goes_to_the_original(torch, ovd, policy, stand_in):
+    """A forward with autograd on (weights that require grad, no no_grad): the processor builds its joint
+    buffers without out= (which autograd refuses) and the policy sends the call to the original processor:
+    the output is the unwrapped model's bit for bit, and it backpropagates."""
+    model, inputs = mochi(torch, [[1, 1, 1, 0, 0, 0, 0, 0], [1] * 8])
+    ref = model(**inputs, return_dict=False)[0]
+    ovd.apply(model, policy=small_policy(policy, 64))
+    ovd.reset_stats()
+    try:
+        out = model(**inputs, return_dict=False)[0]
+        out.float().sum().backward()
+    finally:
+        ovd.remove(model)
+    assert torch.equal(out, ref) and stand_in == []
+    assert ovd.stats(model) == {("fallback", "requires_grad (openvc is inference-only)"): 2}
+    assert model.transformer_blocks[0].attn1.to_q.weight.grad is not None
+
+
+def test_mochi_mask_on_another_device_goes_to_the_original(torch, ovd, policy, stand_in, monkeypatch):
+    """A text mask on another device than the activations (diffusers' pipeline moves it; a direct caller may
+    not): the original processor runs the call, counted with the reason, rather than a host copy in the call."""
+    model, _ = mochi(torch, [[1] * 8])
+    attn = model.transformer_blocks[0].attn1
+    g = gen(torch)
+    hs, ehs = randn(torch, g, 1, 128, 256), randn(torch, g, 1, 8, 32)
+    mask = torch.ones(1, 8, dtype=torch.bool, device="meta")
+    ovd.apply(model, policy=small_policy(policy, 64))
+    ovd.reset_stats()
+    calls = []
+    monkeypatch.setattr(attn.processor, "_openvc_inner", lambda *a: calls.append(a[3].device) or "original")
+    try:
+        with torch.inference_mode():
+            assert attn.processor(attn, hs, ehs, mask) == "original"
+    finally:
+        ovd.remove(model)
+    assert calls == [mask.device] and stand_in == []
+    assert ovd.stats(model) == {("fallback", "Mochi attention_mask on meta, hidden states on cpu"): 1}
 
 
 def test_mochi_mask_shape_goes_to_the_original(torch, ovd, policy, stand_in):

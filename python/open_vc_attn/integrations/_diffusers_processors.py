@@ -6,7 +6,7 @@ EasyAnimate), so that no diffusers attention backend, openvc's included, sees th
 original is kept in ``_openvc_inner`` and put back by ``remove``). A processor computes q, k and v with the
 same module calls, in the same order, as the diffusers processor it replaces (the code below follows
 diffusers 0.42.1's), then hands them, in openvc's ``[B, S, H, D]`` layout, to ``route``:
-``route(processor, q, k, v, native, key_mask=None) -> (out [B, S, H, D], on_openvc)``, which is the
+``route(processor, q, k, v, native, key_mask=None, key_counts=None) -> (out [B, S, H, D], on_openvc)``, which is the
 integration's (:func:`open_vc_attn.integrations.diffusers._direct_attention`: the shared policy, the first
 BF16 steps, the stats, the openvc call, and with ``qk_format="auto"`` the format chosen for this processor
 object). ``native`` is the original's own torch SDPA call on the same tensors: it runs when the policy
@@ -177,6 +177,11 @@ class MochiProcessor(DirectProcessor):
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
             return self._original(f"Mochi attention_mask {shape} (takes a text mask [B, T] = [{batch}, {text_len}])",
                                   attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if attention_mask.device != hidden_states.device:
+            # the text rows are reordered with the mask on the activations' device (no host copy in the call)
+            return self._original(f"Mochi attention_mask on {attention_mask.device}, hidden states on "
+                                  f"{hidden_states.device}", attn, hidden_states, encoder_hidden_states, attention_mask,
+                                  image_rotary_emb)
         query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
         key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
@@ -230,6 +235,10 @@ def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
     x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
     cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
     sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        # autograd takes no out= (such a call goes to the original processor: openvc is inference-only)
+        out.copy_(torch.stack([cos, sin], dim=-1).flatten(-2))
+        return out
     for b in range(out.shape[0]):
         torch.stack([cos[b], sin[b]], dim=-1, out=out[b].unflatten(-1, (-1, 2)))
     return out

@@ -244,6 +244,8 @@ def _direct_attention(policy, routes, owner, query, key, value, native, key_mask
 
     def run(pol, blocks):
         if key_counts is not None:
+            if blocks is not None:   # (a bool key mask never gives one: kept so, not dropped silently)
+                raise ValueError("key_counts: given with a BlockMask; pass the block mask without key counts")
             return _fast_attention(query, key, value, None, seqused_k=key_counts, **pol.openvc_kwargs())
         return _openvc_call(query, key, value, None, False, key_mask, False, pol, blocks)
 

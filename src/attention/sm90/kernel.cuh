@@ -237,6 +237,7 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   const int sq = w.sq;
   __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
   const bool fp16 = p.out_fp16;   // a uniform epilogue branch: out_dtype
+  static_assert(C::kOutChunks % 4 == 0, "the 16-byte stores take the row's chunks four at a time");
   if (p.out_vec16) {
     // 16-byte stores: each quad's lanes trade their pairs so that lane t holds 8 contiguous outputs (chunk
     // 4q + t of the row). Two outputs per store left half of every 32-byte sector to the next store (49% of
