@@ -129,6 +129,23 @@ std::vector<float> random_normal(size_t n, uint32_t seed) {
   return x;
 }
 
+// The reference's prepared codes and descales of a batched call on the device (V packed for the kernel).
+struct DevicePrepared {
+  std::vector<uint8_t> vpacked;
+  DevBuf dq, dk, dv, dqs, dks, dvs;
+  bool uploaded;
+  DevicePrepared(const ref::PreparedInputs& prep, int B, int S, int H, int D)
+      : vpacked(pack_v(prep.v.codes, B, S, H, D)), dq(prep.q.codes.size()), dk(prep.k.codes.size()),
+        dv(vpacked.size()), dqs(prep.q.descale.size() * 4), dks(prep.k.descale.size() * 4),
+        dvs(prep.v.descale.size() * 4),
+        uploaded(upload(dq.p, prep.q.codes) && upload(dk.p, prep.k.codes) && upload(dv.p, vpacked) &&
+                 upload(dqs.p, prep.q.descale) && upload(dks.p, prep.k.descale) && upload(dvs.p, prep.v.descale)) {}
+  openvc::Fp8Inputs inputs(int B, int S, int H, int D) const {
+    return {B, S, S, H, D, dq.as<uint8_t>(), dqs.as<float>(), dk.as<uint8_t>(), dks.as<float>(),
+            dv.as<uint8_t>(), dvs.as<float>()};
+  }
+};
+
 void run_case(const Case& c) {
   const int B = c.batch, S = c.seqlen, H = c.heads, D = 128;
   SCOPED_TRACE(::testing::Message() << "B=" << B << " S=" << S << " H=" << H << " w=" << c.mid_window
@@ -164,13 +181,10 @@ void run_case(const Case& c) {
 
   const int nblk = int(openvc::num_quant_blocks(S));
   ASSERT_EQ(prep.q.max_blocks, nblk);
-  const std::vector<uint8_t> vpacked = pack_v(prep.v.codes, B, S, H, D);
-  DevBuf dq(prep.q.codes.size()), dk(prep.k.codes.size()), dv(vpacked.size());
-  DevBuf dqs(prep.q.descale.size() * 4), dks(prep.k.descale.size() * 4), dvs(prep.v.descale.size() * 4);
+  const DevicePrepared dev(prep, B, S, H, D);
   const size_t nout = size_t(B) * S * H * D;
   DevBuf dout(nout * 2), dlse(size_t(B) * H * S * 4);
-  ASSERT_TRUE(upload(dq.p, prep.q.codes) && upload(dk.p, prep.k.codes) && upload(dv.p, vpacked) &&
-              upload(dqs.p, prep.q.descale) && upload(dks.p, prep.k.descale) && upload(dvs.p, prep.v.descale));
+  ASSERT_TRUE(dev.uploaded);
   CUDA_OK(cudaMemset(dout.p, 0xFF, nout * 2));  // BF16 NaN poison: every element must be overwritten
   CUDA_OK(cudaMemset(dlse.p, 0xFF, size_t(B) * H * S * 4));
 
@@ -182,8 +196,7 @@ void run_case(const Case& c) {
   p.repair.k_codes = drk.as<uint8_t>();
   p.repair.k_descale = drks.as<float>();
   p.repair.v_packed = drv.as<uint8_t>();
-  p.in = {B, S, S, H, D, dq.as<uint8_t>(), dqs.as<float>(), dk.as<uint8_t>(), dks.as<float>(),
-          dv.as<uint8_t>(), dvs.as<float>()};
+  p.in = dev.inputs(B, S, H, D);
   p.out = dout.p;
   p.out_stride_batch = int64_t(S) * H * D;
   p.out_stride_seq = int64_t(H) * D;
@@ -310,20 +323,16 @@ TEST(Sm90Attention, ZeroResidualRepairChangesNothing) {
   ASSERT_TRUE(ref::select_v_repair(qkv.v.data(), seqs, prep.v, 0.2, &vrep).ok());
   std::fill(vrep.codes.begin(), vrep.codes.end(), uint8_t(0));
   const RepairHost rh = repair_layout(prep, vrep, B, S, H, D);
-  const std::vector<uint8_t> vpacked = pack_v(prep.v.codes, B, S, H, D);
-  DevBuf dq(prep.q.codes.size()), dk(prep.k.codes.size()), dv(vpacked.size());
-  DevBuf dqs(prep.q.descale.size() * 4), dks(prep.k.descale.size() * 4), dvs(prep.v.descale.size() * 4);
+  const DevicePrepared dev(prep, B, S, H, D);
   DevBuf drk(rh.k_codes.size()), drks(rh.k_descale.size() * 4), drv(rh.v_packed.size());
-  ASSERT_TRUE(upload(dq.p, prep.q.codes) && upload(dk.p, prep.k.codes) && upload(dv.p, vpacked) &&
-              upload(dqs.p, prep.q.descale) && upload(dks.p, prep.k.descale) && upload(dvs.p, prep.v.descale) &&
-              upload(drk.p, rh.k_codes) && upload(drks.p, rh.k_descale) && upload(drv.p, rh.v_packed));
+  ASSERT_TRUE(dev.uploaded && upload(drk.p, rh.k_codes) && upload(drks.p, rh.k_descale) &&
+              upload(drv.p, rh.v_packed));
   const size_t nout = size_t(B) * S * H * D;
   DevBuf out_plain(nout * 2), out_rep(nout * 2);
   CUDA_OK(cudaMemset(out_plain.p, 0xFF, nout * 2));
   CUDA_OK(cudaMemset(out_rep.p, 0xFF, nout * 2));
   openvc::AttentionParams p;
-  p.in = {B, S, S, H, D, dq.as<uint8_t>(), dqs.as<float>(), dk.as<uint8_t>(), dks.as<float>(),
-          dv.as<uint8_t>(), dvs.as<float>()};
+  p.in = dev.inputs(B, S, H, D);
   p.out_stride_batch = int64_t(S) * H * D, p.out_stride_seq = int64_t(H) * D, p.out_stride_head = D;
   p.out = out_plain.p;
   ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok());
@@ -345,14 +354,10 @@ TEST(Sm90Attention, OutputStoresMatchOffSixteenBytes) {
   auto qkv = ref::testing::video_like(seqs, seqs, 5151);
   ref::PreparedInputs prep;
   ASSERT_TRUE(ref::prepare_inputs(qkv.q.data(), qkv.k.data(), qkv.v.data(), seqs, seqs, &prep).ok());
-  const std::vector<uint8_t> vpacked = pack_v(prep.v.codes, B, S, H, D);
-  DevBuf dq(prep.q.codes.size()), dk(prep.k.codes.size()), dv(vpacked.size());
-  DevBuf dqs(prep.q.descale.size() * 4), dks(prep.k.descale.size() * 4), dvs(prep.v.descale.size() * 4);
-  ASSERT_TRUE(upload(dq.p, prep.q.codes) && upload(dk.p, prep.k.codes) && upload(dv.p, vpacked) &&
-              upload(dqs.p, prep.q.descale) && upload(dks.p, prep.k.descale) && upload(dvs.p, prep.v.descale));
+  const DevicePrepared dev(prep, B, S, H, D);
+  ASSERT_TRUE(dev.uploaded);
   openvc::AttentionParams p;
-  p.in = {B, S, S, H, D, dq.as<uint8_t>(), dqs.as<float>(), dk.as<uint8_t>(), dks.as<float>(),
-          dv.as<uint8_t>(), dvs.as<float>()};
+  p.in = dev.inputs(B, S, H, D);
   for (const auto dtype : {openvc::DType::kBFloat16, openvc::DType::kFloat16}) {
     const size_t nout = size_t(B) * S * H * D;
     DevBuf dense(nout * 2);
