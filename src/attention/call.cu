@@ -160,6 +160,11 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.k_smoothing = c.k_smoothing;
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
+  // Batched E4M3 calls, plain or causal: the kernel quantizes Q per tile (kFusedQMode), so the preparation
+  // writes K and V only (the same codes and descales, one pass over Q fewer).
+  const bool fused_q = path == AttentionPath::kFast && !packed(c) && c.qk_format == QkFormat::kE4M3 &&
+                       !c.k_smoothing && c.seqused_k == nullptr && c.causal_chunk <= 1 && !has_block_list(c.blocks);
+  if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
 
   Fp8Inputs in;
@@ -175,6 +180,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k, a.num_seqs = p.num_seqs;
     a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
     a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks, a.causal_chunk = c.causal_chunk;
+    if (fused_q) a.q_unquantized = c.q, a.q_unquantized_dtype = c.dtype;
     OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
   } else {
     GeneralAttentionParams g;
