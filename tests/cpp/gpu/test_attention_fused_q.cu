@@ -127,6 +127,14 @@ TEST(Sm90FusedQ, RejectsWhatItDoesNotTake) {
   st = openvc::attention_fp8(p, nullptr);
   EXPECT_EQ(st.code(), openvc::StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("q_unquantized_dtype"), std::string::npos) << st.message();
+  // prepare_fp8 without Q (K and V only) cannot write q . mean(K).
+  openvc::PrepareParams pp;
+  pp.batch = 1, pp.seqlen_q = 128, pp.seqlen_k = 128, pp.heads = 1;
+  pp.k = pp.v = {fake, 128 * 128, 128, 128};
+  pp.k_smoothing = true, pp.q_dot_k_mean = reinterpret_cast<float*>(fake);
+  st = openvc::prepare_fp8(pp, nullptr);
+  EXPECT_EQ(st.code(), openvc::StatusCode::kInvalidArgument) << st.message();
+  EXPECT_NE(st.message().find("q_dot_k_mean needs Q"), std::string::npos) << st.message();
 }
 
 }  // namespace
