@@ -85,7 +85,10 @@ __device__ __forceinline__ float quantize_q_tile(const uint8_t* stage, uint8_t* 
   float amax = lds32(amax_slots);
 #pragma unroll
   for (int w = 1; w < 2 * 4; ++w) amax = fmaxf(amax, lds32(amax_slots + w));
-  const float s = prepare::scale_inv_of(amax);
+  // prepare::scale_inv_of(amax) with its one 448 / amax (it and tiny_group would divide twice)
+  const float inv = __fdiv_rn(prepare::kE4M3Max, amax);
+  const bool tiny = amax > 0.0f && inv == INFINITY;
+  const float s = amax > 0.0f && !tiny ? inv : 0.0f;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const int j = (i + ct) % kPairs;
@@ -93,7 +96,7 @@ __device__ __forceinline__ float quantize_q_tile(const uint8_t* stage, uint8_t* 
   }
   cutlass::arch::fence_view_async_shared();   // the codes, written by the threads, read by wgmma (async proxy)
   named_barrier_sync(kFusedQCodesBarrier, 2 * 128);
-  return prepare::descale_of(amax);
+  return tiny ? 0.0f : __fdiv_rn(amax, prepare::kE4M3Max);   // prepare::descale_of(amax)
 }
 
 }  // namespace openvc::sm90

@@ -65,7 +65,7 @@ struct alignas(1024) SharedStorage {
   // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
   // rows as the TMA brings them (dense rows), and the consumer warps' partial maxima of the tile.
   static constexpr int kQStageBytes = has_mode<kMode>(kFusedQMode) ? C::kBlockM * C::kHeadDim * 2 : 16;
-  alignas(1024) uint8_t q_stage[kQStageBytes];
+  alignas(has_mode<kMode>(kFusedQMode) ? 1024 : 16) uint8_t q_stage[kQStageBytes];
   float q_amax[4 * kConsumerWarpgroups];
 };
 

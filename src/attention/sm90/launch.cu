@@ -47,8 +47,10 @@ Status make_q16_map(CUtensorMap* map, const TokenTensorView& q, DType dtype, int
   EncodeTiledFn encode;
   OPENVC_RETURN_IF_ERROR(get_encode_fn(&encode));
   const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(b)};
-  const cuuint64_t strides[3] = {cuuint64_t(q.stride_seq * 2), cuuint64_t(q.stride_head * 2),
-                                 cuuint64_t(q.stride_batch * 2)};
+  // A dimension of size 1 is only ever read at coordinate 0: its stride (0 from the Python views) becomes the
+  // dense one, so the descriptor never sees a zero stride.
+  const cuuint64_t strides[3] = {cuuint64_t((sq > 1 ? q.stride_seq : h * d) * 2), cuuint64_t((h > 1 ? q.stride_head : d) * 2),
+                                 cuuint64_t((b > 1 ? q.stride_batch : sq * h * d) * 2)};
   const cuuint32_t box[4] = {cuuint32_t(d), kBlockM, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

@@ -1,6 +1,7 @@
 // Q quantized inside the attention kernel (AttentionParams::q_unquantized, kFusedQMode): the same output and
 // LSE bits as prepare_fp8's Q codes and descales fed to attention_fp8, for BF16 and FP16 Q, head dim 128 and 64,
-// plain and causal, partial last query tiles, Sq != Sk and a Q tensor with padded rows; and the argument rules.
+// plain and causal, partial last query tiles, Sq != Sk, a Q tensor with padded rows, many tiles per CTA and the
+// zero strides of size-1 dimensions; and the argument rules.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ struct FusedCase {
   bool causal;
   openvc::DType dtype;
   int q_head_pad;   // extra elements after each Q head row (the Q tensor's head stride is d + q_head_pad)
+  bool zero_unit_strides = false;   // strides 0 for the dimensions of size 1 (as the Python views pass them)
 };
 
 // n random normal values as BF16 or FP16 bits.
@@ -57,7 +59,9 @@ void run_fused_case(const FusedCase& c) {
   DevBuf ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, false));
   openvc::PrepareParams pp;
   pp.dtype = c.dtype, pp.heads = c.h, pp.head_dim = c.d, pp.batch = c.b, pp.seqlen_q = c.sq, pp.seqlen_k = c.sk;
-  pp.q = {q.p, bs, ss, hs};
+  const openvc::TokenTensorView qv = {q.p, c.zero_unit_strides && c.b == 1 ? 0 : bs,
+                                      c.zero_unit_strides && c.sq == 1 ? 0 : ss, c.zero_unit_strides && c.h == 1 ? 0 : hs};
+  pp.q = qv;
   pp.k = {k.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
   pp.v = {v.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
   pp.q_codes = qc.as<uint8_t>(), pp.q_descale = qs.as<float>(), pp.k_codes = kc.as<uint8_t>();
@@ -79,7 +83,7 @@ void run_fused_case(const FusedCase& c) {
   ASSERT_TRUE(st.ok()) << st.message();
   // The same call with the unquantized Q and no prepared Q at all.
   ap.in.q_codes = nullptr, ap.in.q_descale = nullptr;
-  ap.q_unquantized = {q.p, bs, ss, hs}, ap.q_unquantized_dtype = c.dtype;
+  ap.q_unquantized = qv, ap.q_unquantized_dtype = c.dtype;
   ap.out = out_b.p, ap.lse = lse_b.as<float>();
   st = openvc::attention_fp8(ap, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
@@ -96,7 +100,13 @@ TEST(Sm90FusedQ, SameBitsAsPreparedQ) {
       {1, 1000, 1000, 2, 128, true, DType::kBFloat16, 8},   // causal, padded Q rows
       {2, 1000, 600, 2, 64, false, DType::kFloat16, 0},     // head dim 64, FP16
       {1, 777, 777, 3, 64, true, DType::kBFloat16, 16},     // head dim 64 causal, padded Q rows
-      {1, 4096, 4096, 2, 128, false, DType::kFloat16, 0},   // many tiles per CTA (the staging buffer reused)
+      {1, 4096, 4096, 2, 128, false, DType::kFloat16, 0},   // 64 tiles
+      // more tiles than SMs: each CTA quantizes tile after tile (the staging buffer refilled under the running
+      // tile, the barriers' phases, q and q_amax reused)
+      {4, 4096, 4096, 16, 128, false, DType::kBFloat16, 0},
+      {2, 8192, 8192, 16, 64, true, DType::kBFloat16, 8},
+      {2, 2000, 1000, 8, 128, true, DType::kFloat16, 0},    // causal, Sq > Sk: tiles without keys are skipped
+      {1, 300, 500, 1, 128, false, DType::kBFloat16, 0, true},   // B = 1, H = 1 with zero strides
   };
   for (const FusedCase& c : cases) {
     SCOPED_TRACE("b " + std::to_string(c.b) + " sq " + std::to_string(c.sq) + " sk " + std::to_string(c.sk) + " h " +
