@@ -216,9 +216,8 @@ class MochiProcessor(DirectProcessor):
         counts = n_valid + video_len
         keep = torch.arange(video_len + text_len, device=valid.device)[None, :] < counts[:, None]
         out, on_openvc = self._openvc_route(self, q_all, k_all, v_all, native, key_mask=keep, key_counts=counts)
-        if on_openvc:   # the rows of padded text tokens: zeros, as diffusers leaves them
-            padded = torch.arange(text_len, device=valid.device)[None, :] >= n_valid[:, None]
-            out[:, video_len:].masked_fill_(padded[:, :, None, None], 0)
+        if on_openvc:   # the rows of padded text tokens (the keys past the counts): zeros, as diffusers leaves them
+            out[:, video_len:].masked_fill_(~keep[:, video_len:, None, None], 0)
         hidden_states = out.flatten(2, 3)
         hidden_states, encoder_hidden_states = hidden_states.split_with_sizes((video_len, text_len), dim=1)
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))

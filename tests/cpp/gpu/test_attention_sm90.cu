@@ -344,9 +344,10 @@ TEST(Sm90Attention, ZeroResidualRepairChangesNothing) {
   EXPECT_EQ(download<uint16_t>(out_plain.p, nout), download<uint16_t>(out_rep.p, nout));
 }
 
-// The epilogue stores 8 outputs per instruction when out, its strides and every row fall on 16 bytes, else 2:
-// an output 4-byte but not 16-byte aligned (pointer, head stride, sequence stride) must hold the same bits,
-// with a partial last query tile (S = 1000) and both output dtypes, and leave the gaps between rows alone.
+// The epilogue stores 8 outputs per instruction when out, its strides and every row fall on 16 bytes, else 2: an
+// output off 16 bytes in one term at a time (the pointer, the head, sequence or batch stride; 4-byte aligned) must
+// hold the dense output's bits, with a partial last query tile (S = 1000) and both output dtypes, and leave every
+// element between its rows alone.
 TEST(Sm90Attention, OutputStoresMatchOffSixteenBytes) {
   SKIP_WITHOUT_SM90();
   const int B = 2, S = 1000, H = 3, D = 128;
@@ -358,34 +359,47 @@ TEST(Sm90Attention, OutputStoresMatchOffSixteenBytes) {
   ASSERT_TRUE(dev.uploaded);
   openvc::AttentionParams p;
   p.in = dev.inputs(B, S, H, D);
+  struct Layout {
+    const char* what;
+    int64_t offset, hs, ss, bs;   // elements
+  };
+  const int64_t hs0 = D, ss0 = int64_t(H) * D, bs0 = int64_t(S) * H * D;
+  const Layout layouts[] = {{"pointer 4 bytes past 16", 2, hs0, ss0, bs0},
+                            {"head stride D + 2", 0, D + 2, H * (D + 2), S * H * (D + 2)},
+                            {"sequence stride H * D + 2", 0, hs0, ss0 + 2, S * (ss0 + 2)},
+                            {"batch stride S * H * D + 2", 0, hs0, ss0, bs0 + 2}};
   for (const auto dtype : {openvc::DType::kBFloat16, openvc::DType::kFloat16}) {
     const size_t nout = size_t(B) * S * H * D;
     DevBuf dense(nout * 2);
     CUDA_OK(cudaMemset(dense.p, 0xFF, nout * 2));
     p.out_dtype = dtype;
-    p.out = dense.p, p.out_stride_batch = int64_t(S) * H * D, p.out_stride_seq = int64_t(H) * D, p.out_stride_head = D;
-    ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok());
-    // head stride D + 2 (rows 4 bytes apart from 16), the whole output 4 bytes past a 16-byte boundary
-    const int64_t hs = D + 2, ss = H * hs, bs = S * ss, n_strided = B * bs + 2;
-    DevBuf strided(size_t(n_strided) * 2);
-    CUDA_OK(cudaMemset(strided.p, 0xFF, size_t(n_strided) * 2));
-    p.out = static_cast<uint16_t*>(strided.p) + 2, p.out_stride_batch = bs, p.out_stride_seq = ss, p.out_stride_head = hs;
+    p.out = dense.p, p.out_stride_batch = bs0, p.out_stride_seq = ss0, p.out_stride_head = hs0;
     ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok());
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<uint16_t> want = download<uint16_t>(dense.p, nout);
-    const std::vector<uint16_t> got = download<uint16_t>(strided.p, size_t(n_strided));
-    int64_t differ = 0, gaps_written = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t h = 0; h < H; ++h) {
-          for (int64_t d = 0; d < D; ++d)
-            differ += got[2 + b * bs + i * ss + h * hs + d] != want[((b * S + i) * H + h) * D + d];
-          gaps_written += (got[2 + b * bs + i * ss + h * hs + D] != 0xFFFF) + (got[2 + b * bs + i * ss + h * hs + D + 1] != 0xFFFF);
-        }
-    EXPECT_EQ(differ, 0) << "dtype " << int(dtype);
-    EXPECT_EQ(gaps_written, 0) << "dtype " << int(dtype);
-    EXPECT_EQ(got[0], 0xFFFF);
-    EXPECT_EQ(got[1], 0xFFFF);
+    for (const Layout& l : layouts) {
+      const int64_t n = l.offset + (B - 1) * l.bs + (S - 1) * l.ss + (H - 1) * l.hs + D;
+      DevBuf buf(size_t(n) * 2);
+      CUDA_OK(cudaMemset(buf.p, 0xFF, size_t(n) * 2));
+      p.out = static_cast<uint16_t*>(buf.p) + l.offset;
+      p.out_stride_batch = l.bs, p.out_stride_seq = l.ss, p.out_stride_head = l.hs;
+      ASSERT_TRUE(openvc::attention_fp8(p, nullptr).ok()) << l.what;
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got = download<uint16_t>(buf.p, size_t(n));
+      std::vector<bool> output(size_t(n), false);
+      int64_t differ = 0, others_written = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t d = 0; d < D; ++d) {
+              const int64_t at = l.offset + b * l.bs + i * l.ss + h * l.hs + d;
+              output[size_t(at)] = true;
+              differ += got[size_t(at)] != want[size_t(((b * S + i) * H + h) * D + d)];
+            }
+      for (int64_t at = 0; at < n; ++at) others_written += !output[size_t(at)] && got[size_t(at)] != 0xFFFF;
+      EXPECT_EQ(differ, 0) << l.what << ", dtype " << int(dtype);
+      EXPECT_EQ(others_written, 0) << l.what << ", dtype " << int(dtype);
+    }
   }
 }
 
