@@ -110,6 +110,16 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
+// Whether the kernel can read call.q through a TMA tensor map (AttentionParams::q_unquantized's rules): else Q
+// goes through the preparation, which checks it and names it in its errors (a null or misaligned q, rows that
+// overlap such as a broadcast head).
+bool tma_readable_q(const AttentionCall& c) {
+  const TokenTensorView& q = c.q;
+  return q.data != nullptr && aligned(q.data, 16) && q.stride_batch % 8 == 0 && q.stride_seq % 8 == 0 &&
+         q.stride_head % 8 == 0 && (c.heads <= 1 || q.stride_head >= c.head_dim) &&
+         (c.seqlen_q <= 1 || q.stride_seq >= c.head_dim) && (c.batch <= 1 || q.stride_batch >= c.head_dim);
+}
+
 }  // namespace
 
 Status attention_path(const AttentionCall& c, int device, AttentionPath* path, std::string* reason) {
@@ -160,6 +170,12 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.k_smoothing = c.k_smoothing;
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
+  // Batched E4M3 calls, plain or causal: the kernel quantizes Q per tile (kFusedQMode), so the preparation
+  // writes K and V only (the same codes and descales, one pass over Q fewer).
+  const bool fused_q = path == AttentionPath::kFast && !packed(c) && c.qk_format == QkFormat::kE4M3 &&
+                       !c.k_smoothing && c.seqused_k == nullptr && c.causal_chunk <= 1 && !has_block_list(c.blocks) &&
+                       tma_readable_q(c);
+  if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
 
   Fp8Inputs in;
@@ -175,6 +191,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     a.cu_seqlens_q = p.cu_seqlens_q, a.cu_seqlens_k = p.cu_seqlens_k, a.num_seqs = p.num_seqs;
     a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
     a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks, a.causal_chunk = c.causal_chunk;
+    if (fused_q) a.q_unquantized = c.q, a.q_unquantized_dtype = c.dtype;
     OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
   } else {
     GeneralAttentionParams g;

@@ -61,6 +61,8 @@ Status check_output(const char* name, const void* p, uintptr_t align, bool optio
 
 // The kernels read 16-byte vectors (8 elements) at every (batch, token, head) start. Packed inputs
 // have no batch stride (it is ignored).
+bool q_is_omitted(const PrepareParams& p) { return p.q.data == nullptr && p.q_codes == nullptr && p.q_descale == nullptr; }
+
 Status check_input(const char* name, const TokenTensorView& t, bool packed) {
   const std::string n = std::string("prepare_fp8: params.") + name;
   if (t.data == nullptr) return Status::Invalid(n + ".data is null");
@@ -161,13 +163,18 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
   if (p.head_dim != 128 && p.head_dim != 64)
     return Status::Unsupported("prepare_fp8: params.head_dim must be 128 or 64, got " + std::to_string(p.head_dim));
-  OPENVC_RETURN_IF_ERROR(check_input("q", p.q, d.packed));
+  // Q omitted (q.data, q_codes and q_descale all null): K and V only, for an attention kernel that
+  // quantizes Q itself (AttentionParams::q_unquantized).
+  const bool q_omitted = q_is_omitted(p);
+  if (q_omitted && p.q_dot_k_mean != nullptr)
+    return Status::Invalid("prepare_fp8: params.q_dot_k_mean needs Q (params.q, q_codes and q_descale are null)");
+  if (!q_omitted) OPENVC_RETURN_IF_ERROR(check_input("q", p.q, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("k", p.k, d.packed));
   OPENVC_RETURN_IF_ERROR(check_input("v", p.v, d.packed));
-  OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
+  if (!q_omitted) OPENVC_RETURN_IF_ERROR(check_output("q_codes", p.q_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("k_codes", p.k_codes, 16));
   OPENVC_RETURN_IF_ERROR(check_output("v_packed", p.v_packed, 16));
-  OPENVC_RETURN_IF_ERROR(check_output("q_descale", p.q_descale, alignof(float)));
+  if (!q_omitted) OPENVC_RETURN_IF_ERROR(check_output("q_descale", p.q_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("k_descale", p.k_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("v_descale", p.v_descale, alignof(float)));
   OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
@@ -253,8 +260,8 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   }
 
   prepare::QkArgs qk{};
-  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr), static_cast<int>(num_quant_blocks(d.sq)), p.q_codes,
-                p.q_descale};
+  qk.side[0] = {token_args(p.q, d.sq, p.cu_seqlens_q, p.total_q, nullptr),
+                q_is_omitted(p) ? 0 : static_cast<int>(num_quant_blocks(d.sq)), p.q_codes, p.q_descale};
   qk.side[1] = {token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k), static_cast<int>(num_quant_blocks(d.sk)), p.k_codes,
                 p.k_descale};
   qk.heads = p.heads;

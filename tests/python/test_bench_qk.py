@@ -70,6 +70,15 @@ def test_modes_cross_case_is_issue28_shapes():
     assert "cross" not in modes.DEFAULT_CASES
 
 
+def test_modes_short_case_is_issue28_shapes():
+    cases = dict(modes.case_list(modes.parse_cases("short")))
+    dense = [(c.get("b", 1), c["s"], c["h"], c.get("causal", False)) for c in cases.values() if c["kind"] == "dense"]
+    assert dense == [(1, 4096, 7, False), (1, 8192, 40, False), (1, 16384, 24, True), (2, 32760, 12, False)]
+    packed = cases["short-packed-8x9000-H24"]
+    assert (packed["kind"], packed["lens"], packed["h"], packed["peers"]) == ("packed", (9000,) * 8, 24, True)
+    assert "short" not in modes.DEFAULT_CASES
+
+
 def test_modes_arguments():
     args = modes.parser().parse_args([])
     assert "int8" not in args.cases.split(",")        # asked for by name only

@@ -28,8 +28,13 @@ ones quantized once before timing), ``openvc-full`` the complete call preparing 
 FP8 (pre-cast) and BF16 and cuDNN BF16 on the same shapes, each output checked against cuDNN BF16.
 
 Case `cross` (issue 28's text cross-attention: 32,760 and 75,600 queries against 512 keys, H = 40): the
-complete call, the kernel on a prepared input (the preparation's share) and FA3 BF16 / FP8 and cuDNN BF16 on
-the same inputs, each output checked against cuDNN BF16.
+complete call, ``openvc-stepwise`` (prepare_fp8 of Q, K and V, then attention_fp8: the complete call without the
+kernel's own Q quantization; also in the dense cases), the kernel on a prepared input (the preparation's share)
+and FA3 BF16 / FP8 and cuDNN BF16 on the same inputs, each output checked against cuDNN BF16.
+
+Case `short` (issue 28's short shapes): S = 4,096 H = 7, S = 8,192 H = 40, causal S = 16,384 H = 24, batch 2
+S = 32,760 H = 12 as the dense case times them, and 8 packed sequences of 9,000 tokens at H = 24 with the peers
+on the same tokens as a batch of 8 (equal lengths need no varlen call).
 
 Case `sparse` (issue 26, item 8; bench/sparse.py says what it times): at S = 75,600 (21 x 3,600), H = 40, openvc
 dense once, then openvc with block masks (temporal window +-2, frame causal, random densities 10 .. 100%,
@@ -52,7 +57,7 @@ import time
 from . import harness, sparse
 from .harness import Eager
 
-CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache", "cross")
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache", "cross", "short")
 # int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
 DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
@@ -158,6 +163,8 @@ def _dense_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     q, k, v = _qkv(torch, b, s, h, d, seed)
     prepared = ova.prepare_fp8(q, k, v)
     entries = {"openvc": lambda: ova.attention(q, k, v, causal=causal),
+               # the preparation of Q, K and V, then the kernel on it: the complete call without the fused Q
+               "openvc-stepwise": lambda: ova.attention_fp8(ova.prepare_fp8(q, k, v), causal=causal),
                "openvc-kernel": lambda: ova.attention_fp8(prepared, causal=causal),
                "cudnn-bf16": _sdpa(torch, q, k, v, causal=causal)}
     entries.update(_peer_entries(torch, q, k, v, causal))
@@ -190,6 +197,7 @@ def _cross_entries(torch, ova, sq, sk, h, d=128):
     _, k, v = _qkv(torch, 1, sk, h, d, 8)
     prepared = ova.prepare_fp8(q, k, v)
     entries = {"openvc": lambda: ova.attention(q, k, v),
+               "openvc-stepwise": lambda: ova.attention_fp8(ova.prepare_fp8(q, k, v)),
                "openvc-kernel": lambda: ova.attention_fp8(prepared),
                "cudnn-bf16": _sdpa(torch, q, k, v)}
     entries.update(_fa3_entries(torch, q, k, v, False))
@@ -261,6 +269,12 @@ def case_list(names):
         elif name == "cross":   # issue 28's text cross-attention shapes (Wan: 512 umT5 text keys)
             out += [("cross-Sq32760-Sk512-H40", dict(kind="cross", sq=32760, sk=512, h=40)),
                     ("cross-Sq75600-Sk512-H40", dict(kind="cross", sq=75600, sk=512, h=40))]
+        elif name == "short":   # issue 28's short shapes (Ulysses shards, 480p clips, packed short clips)
+            out += [("short-S4096-H7", dict(kind="dense", s=4096, h=7)),
+                    ("short-S8192-H40", dict(kind="dense", s=8192, h=40)),
+                    ("short-causal-S16384-H24", dict(kind="dense", s=16384, h=24, causal=True)),
+                    ("short-packed-8x9000-H24", dict(kind="packed", lens=(9000,) * 8, h=24, peers=True)),
+                    ("short-B2-S32760-H12", dict(kind="dense", s=32760, h=12, b=2))]
         elif name == "kvcache":   # issue 26's KV-cache acceptance shape
             out.append(("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)))
         elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
@@ -282,7 +296,8 @@ def build_case(torch, ova, spec):
 def _build_case(torch, ova, spec):
     kind = spec["kind"]
     if kind == "dense":
-        return _dense_entries(torch, ova, 1, spec["s"], spec["h"], spec.get("d", 128), spec.get("causal", False))
+        return _dense_entries(torch, ova, spec.get("b", 1), spec["s"], spec["h"], spec.get("d", 128),
+                              spec.get("causal", False))
     if kind == "kv":
         return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"])
     if kind == "cross":
@@ -308,6 +323,11 @@ def _build_case(torch, ova, spec):
             batched = ova.prepare_fp8(*(x[:len(lens) * n].reshape(len(lens), n, h, d) for x in (q, k, v)))
             entries["openvc-batched-kernel"] = lambda: ova.attention_fp8(batched)
             flops["openvc-batched-kernel"] = harness.attention_flops(len(lens), h, n, n, d)
+            if spec.get("peers"):   # equal lengths: the peers on the same tokens as a batch (no varlen needed)
+                qb, kb, vb = (x[:len(lens) * n].reshape(len(lens), n, h, d) for x in (q, k, v))
+                peers = {"cudnn-bf16": _sdpa(torch, qb, kb, vb), **_fa3_entries(torch, qb, kb, vb, False)}
+                entries.update(peers)
+                flops.update({e: packed_flops for e in peers})
         return entries, flops
     if kind == "padded":
         s, h, d = spec["video"] + spec["text"], spec["h"], 128

@@ -15,6 +15,7 @@
 
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
+#include "attention/sm90/fused_q.cuh"
 #include "attention/sm90/gmma.cuh"
 #include "attention/sm90/kernel_params.h"
 #include "attention/sm90/mode.h"
@@ -57,6 +58,15 @@ struct alignas(1024) SharedStorage {
                 "key block lists are built for batched calls (not causal, varlen, repair, VC or exp2)");
   static_assert(!has_mode<kMode>(kChunkedCausalMode) || has_mode<kMode>(kCausalMode),
                 "chunked causal is a variant of the causal mode");
+  static_assert(!has_mode<kMode>(kFusedQMode) ||
+                    !has_mode<kMode>(Mode(kVcMode | kRepairMode | kVarlenMode | kInt8QkMode | kExp2PMode |
+                                          kBlockListMode | kVBlockDescaleMode | kChunkedCausalMode)),
+                "Q is quantized in the kernel for batched E4M3 calls, plain or causal, only");
+  // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
+  // rows as the TMA brings them (dense rows), and the consumer warps' partial maxima of the tile.
+  static constexpr int kQStageBytes = has_mode<kMode>(kFusedQMode) ? C::kBlockM * C::kHeadDim * 2 : 16;
+  alignas(has_mode<kMode>(kFusedQMode) ? 1024 : 16) uint8_t q_stage[kQStageBytes];
+  float q_amax[4 * kConsumerWarpgroups];
 };
 
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -126,9 +136,14 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
     ++iter;
-    TxBarrier::arrive_and_expect_tx(&sh.q_full, C::kQBytes);
-    if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
-    else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
+    if constexpr (has_mode<kMode>(kFusedQMode)) {   // the unquantized rows, for the consumers to quantize
+      TxBarrier::arrive_and_expect_tx(&sh.q_full, SharedStorage<kMode>::kQStageBytes);
+      cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h, c.b);
+    } else {
+      TxBarrier::arrive_and_expect_tx(&sh.q_full, C::kQBytes);
+      if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
+      else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
+    }
     for (int i = 0; i < w.n; ++i, ring.advance()) {
       const int blk = key_block<kMode>(w, i, p.num_k_blocks);
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
@@ -330,6 +345,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kExp2 = has_mode<kMode>(kExp2PMode);   // P format exp2 (INT8 only)
   constexpr bool kVScale = has_mode<kMode>(kVBlockDescaleMode);   // V descale per key block
   constexpr bool kFlushEach = kVc;   // every tile's product flushed on its own (VC: each block's mean)
+  constexpr bool kFusedQ = has_mode<kMode>(kFusedQMode);   // Q quantized here (fused_q.cuh)
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -349,7 +365,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // blocks). A reference and a pointer, not a lambda capturing the tile: with the lambda, ptxas laid out the
     // modes without lists differently from before the lists existed (same speed, other SASS).
     const KeyOrder& order = w.order;
-    const auto qscale = q_multiplier<kMode>(p, c, row_base + g);
+    // kFusedQ: the tile's Q descale comes from its quantization below, once the rows are in.
+    auto qscale = kFusedQ ? decltype(q_multiplier<kMode>(p, c, 0)){} : q_multiplier<kMode>(p, c, row_base + g);
     const float* kd = k_descales<kInt8>(p, c);
     // kVScale: the (b, h)'s V block descales and the one of the block whose codes st.p holds (its PV product
     // is flushed one step later).
@@ -379,6 +396,12 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     float s[64];
     TxBarrier::wait(&sh.q_full, iter & 1);
     ++iter;
+    if constexpr (kFusedQ) {
+      const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128)
+                                : quantize_q_tile<kD, prepare::Bf16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128);
+      release(&sh.q_empty);   // the rows are read: the producer may bring the next tile's
+      qscale = p.qk_multiplier * dq;   // q_multiplier's E4M3 form
+    }
 
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
     // around the asynchronous tensor-core work).
@@ -394,7 +417,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
-    if (n == 1 && !kRepair) release(&sh.q_empty);
+    if (n == 1 && !kRepair && !kFusedQ) release(&sh.q_empty);
     {
       const auto a = qscale * block_k_descale<kInt8>(kd, blk, t);
       const BlockMask mask = mask_of(blk);
@@ -427,7 +450,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
-      if (last) release(&sh.q_empty);  // the Q tile is read for the last time
+      if (last && !kFusedQ) release(&sh.q_empty);  // the Q tile is read for the last time
     };
     // One key block of the steady state, specialized so that the common block carries no test for
     // the partial block or the flush period: kMaybePartial (a bool_constant) is false for blocks that

@@ -52,6 +52,8 @@ struct KernelParams {
   // out, its strides and every row's first column fall on 16 bytes: the epilogue stores 8 outputs of a row
   // per instruction (quad_transpose in kernel.cuh); else two.
   bool out_vec16;
+  // kFusedQMode: the Q tile tm_q brings is FP16 (else BF16).
+  bool q_fp16;
 };
 
 }  // namespace openvc::sm90

@@ -40,6 +40,28 @@ Status get_encode_fn(EncodeTiledFn* fn) {
   return Status::Ok();
 }
 
+// BF16 / FP16 Q tile map (kFusedQMode): [B, Sq, H, D] with the caller's strides, box D x 128 rows, no swizzle
+// (the consumers read the staging tile as dense rows); rows past Sq read as zeros.
+Status make_q16_map(CUtensorMap* map, const TokenTensorView& q, DType dtype, int64_t d, int64_t sq, int64_t h,
+                    int64_t b) {
+  EncodeTiledFn encode;
+  OPENVC_RETURN_IF_ERROR(get_encode_fn(&encode));
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(b)};
+  // A dimension of size 1 is only ever read at coordinate 0: its stride (0 from the Python views) becomes the
+  // dense one, so the descriptor never sees a zero stride.
+  const cuuint64_t strides[3] = {cuuint64_t((sq > 1 ? q.stride_seq : h * d) * 2), cuuint64_t((h > 1 ? q.stride_head : d) * 2),
+                                 cuuint64_t((b > 1 ? q.stride_batch : sq * h * d) * 2)};
+  const cuuint32_t box[4] = {cuuint32_t(d), kBlockM, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                            4, const_cast<void*>(q.data), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return Status::Invalid("q_unquantized: cannot build a TMA descriptor (CUresult " + std::to_string(int(r)) + ")");
+  return Status::Ok();
+}
+
 // FP8 tile map whose swizzle is as wide as the box's rows (128 or 64 bytes: the kernel's wgmma
 // layouts, gmma.cuh); dims innermost first, strides in bytes for dims 1.. .
 template <int Rank>
@@ -80,6 +102,29 @@ Status validate_block_list(const AttentionParams& p, bool vc) {
     return Status::Unsupported("blocks: key block lists take batched calls without causal, cu_seqlens, seqused_k, "
                                "repair rows, the VC mode or p_format kExp2");
   return check_key_block_list(p.blocks, p.in);
+}
+
+// AttentionParams::q_unquantized: the calls the kernel quantizes Q for (kFusedQMode) and its tensor's layout.
+Status validate_unquantized_q(const AttentionParams& p, bool vc) {
+  const TokenTensorView& q = p.q_unquantized;
+  if (shape_of(p).packed || p.seqused_k != nullptr || p.repair.rows > 0 || vc || has_block_list(p.blocks) ||
+      p.causal_chunk > 1 || p.v_descale_per_block || p.in.qk_format != QkFormat::kE4M3)
+    return Status::Unsupported("q_unquantized: the kernel quantizes Q for batched E4M3 calls (plain or causal) only; "
+                               "prepare Q with prepare_fp8 for cu_seqlens, seqused_k, repair rows, the VC mode, key "
+                               "block lists, chunked causal, V block descales or INT8");
+  if (p.q_unquantized_dtype != DType::kBFloat16 && p.q_unquantized_dtype != DType::kFloat16)
+    return Status::Invalid("q_unquantized_dtype must be kBFloat16 or kFloat16");
+  if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || q.stride_batch % 8 != 0)
+    return Status::Invalid("q_unquantized: data must be 16-byte aligned and its strides multiples of 8 elements "
+                           "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
+                           ", " + str(q.stride_head));
+  const Fp8Inputs& in = p.in;
+  if ((in.heads > 1 && q.stride_head < in.head_dim) || (in.seqlen_q > 1 && q.stride_seq < in.head_dim) ||
+      (in.batch > 1 && q.stride_batch < in.head_dim))
+    return Status::Invalid("q_unquantized strides (batch " + str(q.stride_batch) + ", seq " + str(q.stride_seq) +
+                           ", head " + str(q.stride_head) + "): each must be at least head_dim (" +
+                           str(in.head_dim) + ")");
+  return Status::Ok();
 }
 
 Status validate_form(const AttentionParams& p, bool vc) {
@@ -135,6 +180,7 @@ Status validate_form(const AttentionParams& p, bool vc) {
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
+  if (p.q_unquantized.data != nullptr) OPENVC_RETURN_IF_ERROR(validate_unquantized_q(p, vc));
   return Status::Ok();
 }
 
@@ -223,6 +269,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const Shape sh = shape_of(params);
   // V block descales are built into the varlen mode only (its 3D maps take batched calls too).
   const bool varlen = sh.packed || params.seqused_k != nullptr || params.v_descale_per_block;
+  const bool fused_q = params.q_unquantized.data != nullptr;   // validated: batched, not varlen
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
@@ -238,9 +285,12 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                                            {cuuint64_t(h * d), cuuint64_t(d)},
                                            {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));
   } else {
-    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
-                                           {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
-                                           {cuuint32_t(d), kBlockM, 1, 1}, "in.q_codes"));
+    if (fused_q)
+      OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, params.q_unquantized, params.q_unquantized_dtype, d, sq, h, seqs));
+    else
+      OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
+                                             {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
+                                             {cuuint32_t(d), kBlockM, 1, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(h), cuuint64_t(seqs)},
                                            {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sk * h * d)},
                                            {cuuint32_t(d), kBlockN, 1, 1}, "in.k_codes"));
@@ -305,6 +355,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.lse_stride_s = sh.packed ? 0 : h * sq;   // LSE [H, total_q] packed, [B, H, Sq] batched
   kp.lse_stride_h = sh.packed ? params.total_q : sq;
   kp.out_fp16 = params.out_dtype == DType::kFloat16;
+  kp.q_fp16 = fused_q && params.q_unquantized_dtype == DType::kFloat16;
 
   pl.mode = vc ? kVcMode
            : rep.rows > 0 ? kRepairMode
@@ -314,7 +365,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                  (in.qk_format == QkFormat::kInt8 ? kInt8QkMode : kPlainMode) |
                  (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode) |
                  (has_block_list(params.blocks) ? kBlockListMode : kPlainMode) |
-                 (params.v_descale_per_block ? kVBlockDescaleMode : kPlainMode);
+                 (params.v_descale_per_block ? kVBlockDescaleMode : kPlainMode) |
+                 (fused_q ? kFusedQMode : kPlainMode);
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks;
   kp.blk_index = bl.indices;

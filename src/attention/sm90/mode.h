@@ -57,6 +57,11 @@ enum Mode : int {
   // per tile (up to about chunk / 128 + 3). Its own instantiations, so that plain causal (chunk 1) keeps its
   // code: one per causal mode (a static_assert below checks every causal mode has its twin).
   kChunkedCausalMode = 512,
+  // Q quantized inside the kernel (AttentionParams::q_unquantized; fused_q.cuh): the producer brings each
+  // tile's 128 BF16 / FP16 query rows, the consumers quantize them (a Q group of numerics section 1 is one
+  // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. Batched E4M3 calls,
+  // plain or causal, head dim 128 or 64.
+  kFusedQMode = 1024,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -106,6 +111,10 @@ inline constexpr int kProductionModes[] = {
     kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kVarlenMode,
     kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode,
     kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kFusedQMode,
+    kFusedQMode | kCausalMode,
+    kFusedQMode | kHeadDim64Mode,
+    kFusedQMode | kHeadDim64Mode | kCausalMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -123,11 +132,13 @@ constexpr bool production_modes_unique() {
 static_assert(production_modes_unique(), "kProductionModes lists a mode twice");
 constexpr bool causal_modes_have_chunked_twins() {
   for (int m : kProductionModes)
-    if ((m & kCausalMode) && !(m & kChunkedCausalMode) && !is_production_mode(m | kChunkedCausalMode)) return false;
+    if ((m & kCausalMode) && !(m & (kChunkedCausalMode | kFusedQMode)) && !is_production_mode(m | kChunkedCausalMode))
+      return false;
   return true;
 }
 static_assert(causal_modes_have_chunked_twins(),
-              "every causal mode of kProductionModes needs its kChunkedCausalMode twin (causal_chunk > 1)");
+              "every causal mode of kProductionModes needs its kChunkedCausalMode twin (causal_chunk > 1; the fused-Q "
+              "modes take plain causal only, host-checked)");
 
 // The bits of a mode by name, for messages: "causal|varlen|int8" ("plain" for 0; unknown bits in hex).
 inline std::string mode_name(int mode) {
@@ -137,7 +148,7 @@ inline std::string mode_name(int mode) {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
       {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"},
-      {kChunkedCausalMode, "chunked"}};
+      {kChunkedCausalMode, "chunked"}, {kFusedQMode, "fused_q"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;
