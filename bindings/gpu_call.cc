@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "openvc/call.h"
+#include "openvc/launch.h"
 #include "util.h"
 
 namespace nb = nanobind;
@@ -74,4 +75,8 @@ void register_gpu_call(nb::module_& m) {
       },
       nb::arg("call"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("stream"),
       "Enqueues openvc::attention (prepare into `workspace`, then attend on the chosen path) on `stream`.");
+  m.def("programmatic_launch", &openvc::programmatic_launch,
+        "Whether the library's kernels are launched programmatically (include/openvc/launch.h).");
+  m.def("set_programmatic_launch", &openvc::set_programmatic_launch, nb::arg("on"),
+        "Turns programmatic launches on or off for launches enqueued after the call; returns the previous setting.");
 }

@@ -12,12 +12,16 @@
 // Packed sequences: the grid covers ceil(max_seqlen/128) blocks of every sequence; a CTA whose block
 // starts at or past its sequence's end writes only what the layout needs there (a zero Q/K descale,
 // zero packed-V padding) and exits. With cu_seqlens null every block is in range (batched).
+// Programmatic launches (common/pdl.cuh): v_amax_kernel and v_pack_kernel may start while the kernel before
+// them drains; each reads V (complete before quantize_qk_kernel, launched normally, started) first and waits
+// for that grid before touching what it wrote.
 // The tile walk they share: tile.cuh.
 #pragma once
 #include <cstdint>
 
 #include <cuda_fp16.h>
 
+#include "common/pdl.cuh"
 #include "prepare/tile.cuh"
 
 namespace openvc::prepare {
@@ -112,6 +116,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
   const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
+  allow_dependent_launch();   // v_amax_kernel may start (it waits for this grid before its atomics)
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
   const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
   float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
@@ -247,6 +252,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const QkSide& s = args.side[which];
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
+  allow_dependent_launch();   // as in quantize_qk_kernel
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
   const SeqSpan span = seq_span(s.in, c.b);
   const int t = threadIdx.x / kC;
@@ -350,6 +356,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     v_amax_kernel(const __grid_constant__ VArgs args) {
   using TL = Tile<D>;
   __shared__ float red[TL::kWarps];
+  allow_dependent_launch();   // v_pack_kernel may start (it waits for this grid before reading the maxima)
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
   const SeqSpan span = seq_span(args.in, c.b);
   const int token0 = c.blk * kBlockTokens;
@@ -362,6 +369,9 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     load_tile<D, false>(args.in, span, c.h, token0, v);
   }
   const float amax = block_max<D>(thread_amax<T, D>(v), red);
+  // Launched programmatically after quantize_qk_kernel (prepare.cu): V was complete before that grid started,
+  // so the reads above overlap its tail; the slot it zeroes is ours only once it has finished.
+  wait_for_prior_grid();
   // The slot starts at 0 (quantize_qk_kernel), so a zero block has nothing to add.
   if (threadIdx.x == 0 && amax > 0.0f) atomicMax(&args.v_amax[c.b * args.heads + c.h], __float_as_uint(amax));
 }
@@ -380,9 +390,26 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   constexpr int kC = TL::kChunksPerToken;
   constexpr int kWords = D / 4;  // 32-bit words per tile row
   __shared__ alignas(16) uint32_t tile[kBlockTokens * kWords];
+  allow_dependent_launch();   // the attention kernel may start (it waits for this grid first)
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
   const int token0 = c.blk * kBlockTokens;
   const int64_t bh = static_cast<int64_t>(c.b) * args.heads + c.h;
+  // Thread (g, w) stores dims 4w..4w+3 of the 16 packed columns of key group g (phase 2 below).
+  const int g = threadIdx.x & 7;
+  const int w = threadIdx.x >> 3;
+  const SeqSpan span = seq_span(args.in, c.b);
+  const bool in_sequence = token0 < span.len;   // else past a packed sequence's end: all zero padding
+  uint4 v[TL::kPasses][2];
+  // Launched programmatically after v_amax_kernel (prepare.cu): V was complete before the preparation's first
+  // kernel started, so this load overlaps that grid's tail; the maxima are final only once it has finished.
+  if (in_sequence) {
+    if constexpr (kCache) {
+      load_tile_two_part<D, true>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+    } else {
+      load_tile<D, true>(args.in, span, c.h, token0, v);
+    }
+  }
+  wait_for_prior_grid();
   const float amax = __uint_as_float(args.v_amax[bh]);
   // Block 0 always exists, even for an empty packed sequence (amax 0: descale 0).
   if constexpr (kCache) {
@@ -393,23 +420,11 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   } else {
     if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
   }
-
-  // Thread (g, w) stores dims 4w..4w+3 of the 16 packed columns of key group g (phase 2 below).
-  const int g = threadIdx.x & 7;
-  const int w = threadIdx.x >> 3;
-  const SeqSpan span = seq_span(args.in, c.b);
-  if (token0 >= span.len) {  // past a packed sequence's end: the whole block is zero padding
+  if (!in_sequence) {
     uint8_t* dst = args.v_packed + (bh * D + 4 * w) * args.sk_pad + token0 + 16 * g;
 #pragma unroll
     for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(dst + i * args.sk_pad) = make_uint4(0, 0, 0, 0);
     return;
-  }
-
-  uint4 v[TL::kPasses][2];
-  if constexpr (kCache) {
-    load_tile_two_part<D, true>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
-  } else {
-    load_tile<D, true>(args.in, span, c.h, token0, v);
   }
   const float scale_inv = scale_inv_of(amax);
 

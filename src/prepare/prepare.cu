@@ -6,6 +6,7 @@
 
 #include "common/alignment.h"
 #include "common/cuda_check.h"
+#include "common/pdl.cuh"
 #include "openvc/attention.h"
 #include "prepare/kernels.cuh"
 #include "prepare/smoothing.cuh"
@@ -220,11 +221,14 @@ void launch_qk(const PrepareParams& p, const prepare::QkArgs& qk, int64_t ctas, 
   }
 }
 
+// Programmatic launches: each may start while the kernel before it drains (kernels.cuh).
 template <typename T, int D, bool kCache>
-void launch_v(const prepare::VArgs& va, unsigned ctas, cudaStream_t stream) {
+cudaError_t launch_v(const prepare::VArgs& va, unsigned ctas, cudaStream_t stream) {
   constexpr int kThreads = prepare::Tile<D>::kThreads;
-  prepare::v_amax_kernel<T, D, kCache><<<ctas, kThreads, 0, stream>>>(va);
-  prepare::v_pack_kernel<T, D, kCache><<<ctas, kThreads, 0, stream>>>(va);
+  const cudaError_t e =
+      launch_programmatic(prepare::v_amax_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
+  if (e != cudaSuccess) return e;
+  return launch_programmatic(prepare::v_pack_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
 }
 
 // CacheArgs of the KV-cache fields (validated: batched, no smoothing); nk = ceil(seqlen_k / 128).
@@ -291,12 +295,8 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   va.sk_pad = cache && p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
   if (cache) va.cache = qk.cache;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
-  if (cache) {
-    launch_v<T, D, true>(va, v_ctas, stream);
-  } else {
-    launch_v<T, D, false>(va, v_ctas, stream);
-  }
-  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR("v_amax_kernel / v_pack_kernel launch");
+  auto* const launch_v_kernels = cache ? &launch_v<T, D, true> : &launch_v<T, D, false>;
+  OPENVC_CUDA_RETURN_IF_ERROR(launch_v_kernels(va, v_ctas, stream));
   return Status::Ok();
 }
 

@@ -111,6 +111,32 @@ def p_format_support(ova) -> str:
     return None
 
 
+def _without_pdl(fn):
+    """fn with the library's programmatic launches off (include/openvc/launch.h), the launch form before them,
+    for a paired comparison in one process; None where the extension has no such setting."""
+    try:
+        from .. import _ext
+        ext = _ext.load()
+    except ImportError:
+        return None
+    if not hasattr(ext, "set_programmatic_launch"):
+        return None
+
+    def call():
+        previous = ext.set_programmatic_launch(False)
+        try:
+            return fn()
+        finally:
+            ext.set_programmatic_launch(previous)
+    return call
+
+
+def _add_without_pdl(entries, name, fn):
+    off = _without_pdl(fn)
+    if off is not None:
+        entries[name] = off
+
+
 def _fa3():
     try:
         import flash_attn_interface as fa3
@@ -167,6 +193,7 @@ def _dense_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
                "openvc-stepwise": lambda: ova.attention_fp8(ova.prepare_fp8(q, k, v), causal=causal),
                "openvc-kernel": lambda: ova.attention_fp8(prepared, causal=causal),
                "cudnn-bf16": _sdpa(torch, q, k, v, causal=causal)}
+    _add_without_pdl(entries, "openvc-nopdl", entries["openvc"])
     entries.update(_peer_entries(torch, q, k, v, causal))
     flops = harness.attention_flops(b, h, s, s, d) * (0.5 if causal else 1.0)
     return entries, {e: flops for e in entries}
@@ -200,6 +227,7 @@ def _cross_entries(torch, ova, sq, sk, h, d=128):
                "openvc-stepwise": lambda: ova.attention_fp8(ova.prepare_fp8(q, k, v)),
                "openvc-kernel": lambda: ova.attention_fp8(prepared),
                "cudnn-bf16": _sdpa(torch, q, k, v)}
+    _add_without_pdl(entries, "openvc-nopdl", entries["openvc"])
     entries.update(_fa3_entries(torch, q, k, v, False))
     flops = harness.attention_flops(1, h, sq, sk, d)
     return entries, {e: flops for e in entries}
@@ -313,8 +341,10 @@ def _build_case(torch, ova, spec):
                                                           max_seqlen_q=max(lens), max_seqlen_k=max(lens)),
                    "openvc-packed-kernel": lambda: ova.attention_fp8(prepared),
                    "openvc-dense-kernel": lambda: ova.attention_fp8(dense)}
+        _add_without_pdl(entries, "openvc-packed-nopdl", entries["openvc-packed"])
         packed_flops = sum(harness.attention_flops(1, h, n, n, d) for n in lens)
         flops = {"openvc-packed": packed_flops, "openvc-packed-kernel": packed_flops,
+                 "openvc-packed-nopdl": packed_flops,
                  "openvc-dense-kernel": harness.attention_flops(1, h, total, total, d)}
         if max(lens) - min(lens) <= 1:
             # The same tiles without the varlen mode: B = len(lens) batched sequences of the shortest length,

@@ -24,6 +24,7 @@
 #include "attention/sm90/softmax.cuh"
 #include "attention/sm90/tiles.cuh"
 #include "attention/sm90/traversal.h"
+#include "common/pdl.cuh"
 
 namespace openvc::sm90 {
 
@@ -594,6 +595,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     const int stage = idx / (8 * kBlockN / 4), word = idx % (8 * kBlockN / 4);
     reinterpret_cast<uint32_t*>(sh.v[stage] + C::kTileBytes)[word] = 0x38383838u;
   }
+  // Launched programmatically (kernel_launch.cuh): above, shared memory only; from here on global memory, which
+  // the grid before this one (the preparation) may still be writing until it has finished.
+  wait_for_prior_grid();
   const bool compact = has_mode<kMode>(kVarlenMode) && p.compact_tiles;
   // Every warp runs the scan (a branch on the warp index around its shuffles made ptxas treat the whole
   // kernel as divergent); warp 0 writes the table.

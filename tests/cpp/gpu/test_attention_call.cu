@@ -1,18 +1,21 @@
 // openvc::attention (call.h), the one-call entry: the same bytes as prepare_fp8 + attention_fp8 in every
 // form (batched, packed uneven, key counts, causal, INT8 + smoothing + exp2), the LSE of the keys as given
 // with K smoothing (against an exact host LSE and the unsmoothed call), capture in a CUDA graph replayed
-// with new inputs, the path choice and the argument checks.
+// with new inputs, programmatic launches against plain ones (back to back, no synchronization between calls),
+// the path choice and the argument checks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "openvc/call.h"
+#include "openvc/launch.h"
 
 namespace {
 
@@ -266,6 +269,69 @@ TEST(AttentionCall, CapturedInACudaGraphAndReplayedWithNewInputs) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// Programmatic launches (launch.h) give the plain launches' bytes, also when calls follow each other on one
+// stream without synchronization and share the workspace: each kernel's early start may overlap only what
+// it does not depend on. Eight calls per form, each into its own output, against the serial call.
+TEST(AttentionCall, ProgrammaticLaunchesSameBytesBackToBack) {
+  SKIP_WITHOUT_SM90();
+  struct Form {
+    Case c;
+    openvc::QkFormat fmt;
+    bool smooth, causal;
+  };
+  std::vector<Form> forms(3);
+  forms[0].c.sq = forms[0].c.sk = 1000;                                     // batched E4M3: Q fused
+  forms[0].fmt = openvc::QkFormat::kE4M3, forms[0].smooth = false, forms[0].causal = false;
+  forms[1].c.counts = {600, 77};                                            // key counts, INT8 + smoothing
+  forms[1].fmt = openvc::QkFormat::kInt8, forms[1].smooth = true, forms[1].causal = false;
+  forms[2].c.b = 1, forms[2].c.sq = 420, forms[2].c.sk = 500, forms[2].c.d = 64;
+  forms[2].c.cu_q = {0, 300, 300, 720}, forms[2].c.cu_k = {0, 500, 629, 1000};
+  forms[2].fmt = openvc::QkFormat::kE4M3, forms[2].smooth = false, forms[2].causal = true;   // packed, D = 64
+  const bool previous = openvc::set_programmatic_launch(false);
+  for (size_t f = 0; f < forms.size(); ++f) {
+    const Case& c = forms[f].c;
+    Buffers bf(c, 61 + unsigned(f));
+    openvc::AttentionCall a = call_of(c, bf);
+    a.qk_format = forms[f].fmt, a.k_smoothing = forms[f].smooth, a.causal = forms[f].causal;
+    const size_t n_out = size_t(c.rows_q()) * c.h * c.d, n_lse = size_t(c.lse_n());
+    std::vector<uint16_t> serial(n_out);
+    std::vector<float> serial_lse(n_lse);
+    openvc::set_programmatic_launch(false);
+    one_call(a, &serial, &serial_lse);
+    openvc::set_programmatic_launch(true);
+    DevBuf ws(openvc::attention_workspace_bytes(a));
+    std::vector<std::unique_ptr<DevBuf>> outs, lses;
+    for (int i = 0; i < 8; ++i) {
+      outs.push_back(std::make_unique<DevBuf>(n_out * 2)), lses.push_back(std::make_unique<DevBuf>(n_lse * 4));
+      CUDA_OK(cudaMemset(outs.back()->p, 0xFF, n_out * 2));
+    }
+    for (int i = 0; i < 8; ++i) {
+      a.out = outs[i]->p, a.lse = lses[i]->as<float>();
+      const openvc::Status st = openvc::attention(a, ws.p, ws.bytes, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    const int64_t row = int64_t(c.h) * c.d;
+    for (int i = 0; i < 8; ++i) {
+      const std::vector<uint16_t> o = download<uint16_t>(outs[i]->p, n_out);
+      const std::vector<float> l = download<float>(lses[i]->p, n_lse);
+      for (int64_t t = 0; t < c.rows_q(); ++t)   // packed rows no sequence covers are not written
+        ASSERT_EQ(0, std::memcmp(&o[t * row], &serial[t * row], row * 2)) << "form " << f << ", call " << i << ", row " << t;
+      for (size_t j = 0; j < n_lse; ++j) ASSERT_EQ(serial_lse[j], l[j]) << "form " << f << ", call " << i << ", lse " << j;
+    }
+  }
+  openvc::set_programmatic_launch(previous);
+}
+
+// The setting itself: no device needed.
+TEST(LaunchSettings, SetReturnsThePreviousSetting) {
+  const bool initial = openvc::programmatic_launch();
+  EXPECT_EQ(initial, openvc::set_programmatic_launch(!initial));
+  EXPECT_EQ(!initial, openvc::programmatic_launch());
+  EXPECT_EQ(!initial, openvc::set_programmatic_launch(initial));
+  EXPECT_EQ(initial, openvc::programmatic_launch());
 }
 
 // Argument checks and sizes: no device needed (attention_path on a device without sm_90a says general).
