@@ -121,8 +121,9 @@ bool tma_readable_q(const AttentionCall& c) {
   return q.data != nullptr && aligned(q.data, 16) && q.stride_batch % 8 == 0 && q.stride_seq % 8 == 0 &&
          q.stride_head % 8 == 0 && (c.heads <= 1 || q.stride_head >= c.head_dim) &&
          (c.seqlen_q <= 1 || q.stride_seq >= c.head_dim) && (c.batch <= 1 || q.stride_batch >= c.head_dim) &&
-         // with key counts the varlen mode reads Q as B * Sq flat rows
-         (c.seqused_k == nullptr || c.batch <= 1 || q.stride_batch == int64_t(c.seqlen_q) * q.stride_seq);
+         // with key counts the varlen mode reads Q as B * Sq flat rows (one query per entry: any sequence stride)
+         (c.seqused_k == nullptr || c.batch <= 1 || c.seqlen_q == 1 ||
+          q.stride_batch == int64_t(c.seqlen_q) * q.stride_seq);
 }
 
 }  // namespace

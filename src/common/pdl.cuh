@@ -29,7 +29,9 @@ cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) (void)cudaGetLastError();   // returned here: not left for the caller's next check
+  return e;
 }
 
 }  // namespace openvc

@@ -360,17 +360,21 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
   const SeqSpan span = seq_span(args.in, c.b);
   const int token0 = c.blk * kBlockTokens;
-  if (token0 >= span.len) return;  // past a packed sequence's end: nothing to add
-  uint4 v[TL::kPasses][2];
-  // Cached loads: the pack kernel reads V again, and the tail of V may still be in L2 then.
-  if constexpr (kCache) {
-    load_tile_two_part<D, false>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
-  } else {
-    load_tile<D, false>(args.in, span, c.h, token0, v);
+  float amax = 0.0f;   // past a packed sequence's end: nothing to add
+  if (token0 < span.len) {
+    uint4 v[TL::kPasses][2];
+    // Cached loads: the pack kernel reads V again, and the tail of V may still be in L2 then.
+    if constexpr (kCache) {
+      load_tile_two_part<D, false>(args.in, args.cache.v_prefix, args.cache.prefix_len, span, c.b, c.h, token0, v);
+    } else {
+      load_tile<D, false>(args.in, span, c.h, token0, v);
+    }
+    amax = block_max<D>(thread_amax<T, D>(v), red);
   }
-  const float amax = block_max<D>(thread_amax<T, D>(v), red);
   // Launched programmatically after quantize_qk_kernel (prepare.cu): V was complete before that grid started,
-  // so the reads above overlap its tail; the slot it zeroes is ours only once it has finished.
+  // so the reads above overlap its tail; the slot it zeroes is ours only once it has finished. Every CTA waits,
+  // also one without tokens: this grid then ends after quantize_qk_kernel's, and v_pack_kernel and the attention
+  // kernel, which wait for the grid before them only, see its codes and zeroed slots too.
   wait_for_prior_grid();
   // The slot starts at 0 (quantize_qk_kernel), so a zero block has nothing to add.
   if (threadIdx.x == 0 && amax > 0.0f) atomicMax(&args.v_amax[c.b * args.heads + c.h], __float_as_uint(amax));

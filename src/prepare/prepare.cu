@@ -296,7 +296,8 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   if (cache) va.cache = qk.cache;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
   auto* const launch_v_kernels = cache ? &launch_v<T, D, true> : &launch_v<T, D, false>;
-  OPENVC_CUDA_RETURN_IF_ERROR(launch_v_kernels(va, v_ctas, stream));
+  OPENVC_RETURN_IF_ERROR(detail::cuda_status(launch_v_kernels(va, v_ctas, stream), "v_amax_kernel / v_pack_kernel launch",
+                                             __FILE__, __LINE__));
   return Status::Ok();
 }
 

@@ -129,7 +129,8 @@ Status validate_unquantized_q(const AttentionParams& p, bool vc) {
                            ", head " + str(q.stride_head) + "): each must be at least head_dim (" +
                            str(in.head_dim) + ")");
   // seqused_k without cu_seqlens: the varlen mode reads Q as B * Sq flat rows.
-  if (p.seqused_k != nullptr && !packed && in.batch > 1 &&
+  // (One query per batch entry: the flat rows step by the batch stride, any sequence stride.)
+  if (p.seqused_k != nullptr && !packed && in.batch > 1 && in.seqlen_q > 1 &&
       q.stride_batch != int64_t(in.seqlen_q) * q.stride_seq)
     return Status::Invalid("q_unquantized: with seqused_k the batch stride must be seqlen_q * the sequence stride (" +
                            str(int64_t(in.seqlen_q) * q.stride_seq) + "), got " + str(q.stride_batch));
@@ -287,13 +288,15 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   LaunchPlan& pl = *plan;
   pl = LaunchPlan{};
   if (varlen) {
-    if (fused_q)   // the flat rows, batch extent 1 (the producer's coordinate 0)
-      OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, params.q_unquantized, params.q_unquantized_dtype, d,
-                                          rows_q > 0 ? rows_q : 1, h, 1));
-    else
+    if (fused_q) {   // the flat rows, batch extent 1 (the producer's coordinate 0)
+      TokenTensorView flat = params.q_unquantized;
+      if (!sh.packed && sq == 1) flat.stride_seq = flat.stride_batch;   // one query per batch entry
+      OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, flat, params.q_unquantized_dtype, d, rows_q > 0 ? rows_q : 1, h, 1));
+    } else {
       OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
                                              {cuuint64_t(h * d), cuuint64_t(d)},
                                              {cuuint32_t(d), kBlockM, 1}, "in.q_codes"));
+    }
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
                                            {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));

@@ -123,7 +123,19 @@ struct VarlenFusedCase {
   std::vector<int> counts;           // key counts (batched)
   openvc::DType dtype;
   int q_head_pad;
+  // Flat Q rows set to 40 (every head): the first rows past a sequence's end, which share a tile with its last
+  // rows, so that a group that took them in would get another descale, and so other bits.
+  std::vector<int64_t> spike_rows = {};
 };
+
+uint16_t bits_16(float f, openvc::DType dtype) {
+  if (dtype == openvc::DType::kFloat16) {
+    const __half v = __float2half(f);
+    return *reinterpret_cast<const uint16_t*>(&v);
+  }
+  const __nv_bfloat16 v = __float2bfloat16(f);
+  return *reinterpret_cast<const uint16_t*>(&v);
+}
 
 void run_varlen_fused_case(const VarlenFusedCase& c) {
   const bool packed = !c.cu_q.empty();
@@ -131,7 +143,9 @@ void run_varlen_fused_case(const VarlenFusedCase& c) {
   const int64_t rows_q = packed ? c.cu_q.back() : int64_t(c.b) * c.sq;
   const int64_t rows_k = packed ? c.cu_k.back() : int64_t(c.b) * c.sk;
   const int64_t hs = c.d + c.q_head_pad, ss = int64_t(c.h) * hs, hd = int64_t(c.h) * c.d;
-  const std::vector<uint16_t> hq = random_16(size_t(rows_q * ss), 21 + c.d, c.dtype);
+  std::vector<uint16_t> hq = random_16(size_t(rows_q * ss), 21 + c.d, c.dtype);
+  for (int64_t r : c.spike_rows)
+    for (int64_t i = 0; i < ss; ++i) hq[size_t(r * ss + i)] = bits_16(40.0f, c.dtype);
   const std::vector<uint16_t> hk = random_16(size_t(rows_k * hd), 22 + c.d, c.dtype);
   const std::vector<uint16_t> hv = random_16(size_t(rows_k * hd), 23 + c.d, c.dtype);
   DevBuf q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2);
@@ -152,7 +166,8 @@ void run_varlen_fused_case(const VarlenFusedCase& c) {
     pp.batch = c.b, pp.seqlen_q = c.sq, pp.seqlen_k = c.sk;
   }
   if (!c.counts.empty()) pp.seqused_k = counts.as<int>();
-  const openvc::TokenTensorView qv = {q.p, packed ? 0 : int64_t(c.sq) * ss, ss, hs};
+  // One query per batch entry: sequence stride 0, as the Python views pass it for a size-1 dimension.
+  const openvc::TokenTensorView qv = {q.p, packed ? 0 : int64_t(c.sq) * ss, c.sq == 1 && !packed ? 0 : ss, hs};
   pp.q = qv;
   pp.k = {k.p, packed ? 0 : int64_t(c.sk) * hd, hd, c.d};
   pp.v = {v.p, packed ? 0 : int64_t(c.sk) * hd, hd, c.d};
@@ -190,12 +205,15 @@ TEST(Sm90FusedQ, VarlenSameBitsAsPreparedQ) {
   using openvc::DType;
   const VarlenFusedCase cases[] = {
       // packed, uneven: an empty query sequence, one of 720 rows (its last tile ends inside the next sequence)
-      {0, 720, 1000, 3, 128, {0, 300, 300, 1020, 1100}, {0, 500, 629, 1629, 1700}, {}, DType::kBFloat16, 8},
-      {0, 2500, 2500, 4, 64, {0, 2500, 2629, 5000}, {0, 2500, 2629, 5000}, {}, DType::kFloat16, 0},
+      {0, 720, 1000, 3, 128, {0, 300, 300, 1020, 1100}, {0, 500, 629, 1629, 1700}, {}, DType::kBFloat16, 8,
+       {300, 1020}},
+      {0, 2500, 2500, 4, 64, {0, 2500, 2629, 5000}, {0, 2500, 2629, 5000}, {}, DType::kFloat16, 0, {2500, 2629}},
       // batched with key counts: a batch entry without keys (its tiles write zeros and -inf, no Q is read)
-      {2, 700, 900, 3, 128, {}, {}, {900, 0}, DType::kBFloat16, 0},
-      {3, 1000, 1000, 8, 64, {}, {}, {1, 500, 1000}, DType::kBFloat16, 16},
+      {2, 700, 900, 3, 128, {}, {}, {900, 0}, DType::kBFloat16, 0, {700}},
+      {3, 1000, 1000, 8, 64, {}, {}, {1, 500, 1000}, DType::kBFloat16, 16, {1000, 2000}},
       {2, 4096, 4100, 16, 128, {}, {}, {4100, 2049}, DType::kFloat16, 0},   // more tiles than SMs
+      // one query per batch entry (decode): the flat rows step by the batch stride, the sequence stride 0
+      {5, 1, 900, 4, 128, {}, {}, {900, 5, 0, 128, 129}, DType::kBFloat16, 8},
   };
   for (const VarlenFusedCase& c : cases) {
     SCOPED_TRACE(std::string(c.cu_q.empty() ? "key counts" : "packed") + " sq " + std::to_string(c.sq) + " sk " +
