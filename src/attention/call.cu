@@ -115,15 +115,9 @@ T* at(void* base, size_t offset) {
 // overlap such as a broadcast head).
 bool tma_readable_q(const AttentionCall& c) {
   const TokenTensorView& q = c.q;
-  if (packed(c))   // [total_q, H, D]: no batch stride
-    return q.data != nullptr && aligned(q.data, 16) && q.stride_seq % 8 == 0 && q.stride_head % 8 == 0 &&
-           (c.heads <= 1 || q.stride_head >= c.head_dim) && q.stride_seq >= c.head_dim;
   return q.data != nullptr && aligned(q.data, 16) && q.stride_batch % 8 == 0 && q.stride_seq % 8 == 0 &&
          q.stride_head % 8 == 0 && (c.heads <= 1 || q.stride_head >= c.head_dim) &&
-         (c.seqlen_q <= 1 || q.stride_seq >= c.head_dim) && (c.batch <= 1 || q.stride_batch >= c.head_dim) &&
-         // with key counts the varlen mode reads Q as B * Sq flat rows (one query per entry: any sequence stride)
-         (c.seqused_k == nullptr || c.batch <= 1 || c.seqlen_q == 1 ||
-          q.stride_batch == int64_t(c.seqlen_q) * q.stride_seq);
+         (c.seqlen_q <= 1 || q.stride_seq >= c.head_dim) && (c.batch <= 1 || q.stride_batch >= c.head_dim);
 }
 
 }  // namespace
@@ -176,11 +170,11 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.k_smoothing = c.k_smoothing;
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
-  // E4M3 calls, batched (plain or causal) or packed / with key counts (plain): the kernel quantizes Q per tile
-  // (kFusedQMode), so the preparation writes K and V only (the same codes and descales, one pass over Q fewer).
-  const bool varlen = packed(c) || c.seqused_k != nullptr;
-  const bool fused_q = path == AttentionPath::kFast && c.qk_format == QkFormat::kE4M3 && !c.k_smoothing &&
-                       !(varlen && c.causal) && c.causal_chunk <= 1 && !has_block_list(c.blocks) && tma_readable_q(c);
+  // Batched E4M3 calls, plain or causal: the kernel quantizes Q per tile (kFusedQMode), so the preparation
+  // writes K and V only (the same codes and descales, one pass over Q fewer).
+  const bool fused_q = path == AttentionPath::kFast && !packed(c) && c.qk_format == QkFormat::kE4M3 &&
+                       !c.k_smoothing && c.seqused_k == nullptr && c.causal_chunk <= 1 && !has_block_list(c.blocks) &&
+                       tma_readable_q(c);
   if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
 

@@ -60,10 +60,9 @@ struct alignas(1024) SharedStorage {
   static_assert(!has_mode<kMode>(kChunkedCausalMode) || has_mode<kMode>(kCausalMode),
                 "chunked causal is a variant of the causal mode");
   static_assert(!has_mode<kMode>(kFusedQMode) ||
-                    (!has_mode<kMode>(Mode(kVcMode | kRepairMode | kInt8QkMode | kExp2PMode | kBlockListMode |
-                                           kVBlockDescaleMode | kChunkedCausalMode)) &&
-                     !(has_mode<kMode>(kVarlenMode) && has_mode<kMode>(kCausalMode))),
-                "Q is quantized in the kernel for E4M3 calls: batched plain or causal, varlen plain");
+                    !has_mode<kMode>(Mode(kVcMode | kRepairMode | kVarlenMode | kInt8QkMode | kExp2PMode |
+                                          kBlockListMode | kVBlockDescaleMode | kChunkedCausalMode)),
+                "Q is quantized in the kernel for batched E4M3 calls, plain or causal, only");
   // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
   // rows as the TMA brings them (dense rows), and the consumer warps' partial maxima of the tile.
   static constexpr int kQStageBytes = has_mode<kMode>(kFusedQMode) ? C::kBlockM * C::kHeadDim * 2 : 16;
@@ -140,8 +139,7 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     ++iter;
     if constexpr (has_mode<kMode>(kFusedQMode)) {   // the unquantized rows, for the consumers to quantize
       TxBarrier::arrive_and_expect_tx(&sh.q_full, SharedStorage<kMode>::kQStageBytes);
-      // varlen: the map's rows are the flat [total_q] (packed) or [B * Sq] rows, its batch extent 1.
-      cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h, kVarlen ? 0 : c.b);
+      cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h, c.b);
     } else {
       TxBarrier::arrive_and_expect_tx(&sh.q_full, C::kQBytes);
       if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
@@ -400,12 +398,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     TxBarrier::wait(&sh.q_full, iter & 1);
     ++iter;
     if constexpr (kFusedQ) {
-      // varlen: rows past the sequence's end are the next sequence's (or batch entry's) and stay out of the group.
-      constexpr bool kVarlenQ = has_mode<kMode>(kVarlenMode);
-      const int rows = kVarlenQ ? min(w.sq - c.qt * kBlockM, kBlockM) : kBlockM;
-      const int ct = threadIdx.x - 128;
-      const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16, kVarlenQ>(sh.q_stage, sh.q, sh.q_amax, ct, rows)
-                                : quantize_q_tile<kD, prepare::Bf16, kVarlenQ>(sh.q_stage, sh.q, sh.q_amax, ct, rows);
+      const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128)
+                                : quantize_q_tile<kD, prepare::Bf16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128);
       release(&sh.q_empty);   // the rows are read: the producer may bring the next tile's
       qscale = p.qk_multiplier * dq;   // q_multiplier's E4M3 form
     }

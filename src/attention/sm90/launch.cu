@@ -41,8 +41,7 @@ Status get_encode_fn(EncodeTiledFn* fn) {
 }
 
 // BF16 / FP16 Q tile map (kFusedQMode): [B, Sq, H, D] with the caller's strides, box D x 128 rows, no swizzle
-// (the consumers read the staging tile as dense rows); rows past Sq read as zeros. The varlen modes pass the
-// flat rows as Sq (packed total_q, or B * Sq) and B = 1.
+// (the consumers read the staging tile as dense rows); rows past Sq read as zeros.
 Status make_q16_map(CUtensorMap* map, const TokenTensorView& q, DType dtype, int64_t d, int64_t sq, int64_t h,
                     int64_t b) {
   EncodeTiledFn encode;
@@ -108,32 +107,23 @@ Status validate_block_list(const AttentionParams& p, bool vc) {
 // AttentionParams::q_unquantized: the calls the kernel quantizes Q for (kFusedQMode) and its tensor's layout.
 Status validate_unquantized_q(const AttentionParams& p, bool vc) {
   const TokenTensorView& q = p.q_unquantized;
-  const bool packed = shape_of(p).packed;   // [total_q, H, D]: the batch stride is not read
-  const bool varlen = packed || p.seqused_k != nullptr;
-  if ((varlen && p.causal) || p.repair.rows > 0 || vc || has_block_list(p.blocks) || p.causal_chunk > 1 ||
-      p.v_descale_per_block || p.in.qk_format != QkFormat::kE4M3)
-    return Status::Unsupported("q_unquantized: the kernel quantizes Q for E4M3 calls, batched (plain or causal) or "
-                               "packed / with seqused_k (plain); prepare Q with prepare_fp8 for causal cu_seqlens or "
-                               "seqused_k, repair rows, the VC mode, key block lists, chunked causal, V block "
-                               "descales or INT8");
+  if (shape_of(p).packed || p.seqused_k != nullptr || p.repair.rows > 0 || vc || has_block_list(p.blocks) ||
+      p.causal_chunk > 1 || p.v_descale_per_block || p.in.qk_format != QkFormat::kE4M3)
+    return Status::Unsupported("q_unquantized: the kernel quantizes Q for batched E4M3 calls (plain or causal) only; "
+                               "prepare Q with prepare_fp8 for cu_seqlens, seqused_k, repair rows, the VC mode, key "
+                               "block lists, chunked causal, V block descales or INT8");
   if (p.q_unquantized_dtype != DType::kBFloat16 && p.q_unquantized_dtype != DType::kFloat16)
     return Status::Invalid("q_unquantized_dtype must be kBFloat16 or kFloat16");
-  if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || (!packed && q.stride_batch % 8 != 0))
+  if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || q.stride_batch % 8 != 0)
     return Status::Invalid("q_unquantized: data must be 16-byte aligned and its strides multiples of 8 elements "
                            "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
                            ", " + str(q.stride_head));
   const Fp8Inputs& in = p.in;
-  if ((in.heads > 1 && q.stride_head < in.head_dim) || ((packed || in.seqlen_q > 1) && q.stride_seq < in.head_dim) ||
-      (!packed && in.batch > 1 && q.stride_batch < in.head_dim))
+  if ((in.heads > 1 && q.stride_head < in.head_dim) || (in.seqlen_q > 1 && q.stride_seq < in.head_dim) ||
+      (in.batch > 1 && q.stride_batch < in.head_dim))
     return Status::Invalid("q_unquantized strides (batch " + str(q.stride_batch) + ", seq " + str(q.stride_seq) +
                            ", head " + str(q.stride_head) + "): each must be at least head_dim (" +
                            str(in.head_dim) + ")");
-  // seqused_k without cu_seqlens: the varlen mode reads Q as B * Sq flat rows.
-  // (One query per batch entry: the flat rows step by the batch stride, any sequence stride.)
-  if (p.seqused_k != nullptr && !packed && in.batch > 1 && in.seqlen_q > 1 &&
-      q.stride_batch != int64_t(in.seqlen_q) * q.stride_seq)
-    return Status::Invalid("q_unquantized: with seqused_k the batch stride must be seqlen_q * the sequence stride (" +
-                           str(int64_t(in.seqlen_q) * q.stride_seq) + "), got " + str(q.stride_batch));
   return Status::Ok();
 }
 
@@ -279,7 +269,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const Shape sh = shape_of(params);
   // V block descales are built into the varlen mode only (its 3D maps take batched calls too).
   const bool varlen = sh.packed || params.seqused_k != nullptr || params.v_descale_per_block;
-  const bool fused_q = params.q_unquantized.data != nullptr;   // validated (validate_unquantized_q)
+  const bool fused_q = params.q_unquantized.data != nullptr;   // validated: batched, not varlen
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
@@ -288,15 +278,9 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   LaunchPlan& pl = *plan;
   pl = LaunchPlan{};
   if (varlen) {
-    if (fused_q) {   // the flat rows, batch extent 1 (the producer's coordinate 0)
-      TokenTensorView flat = params.q_unquantized;
-      if (!sh.packed && sq == 1) flat.stride_seq = flat.stride_batch;   // one query per batch entry
-      OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, flat, params.q_unquantized_dtype, d, rows_q > 0 ? rows_q : 1, h, 1));
-    } else {
-      OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
-                                             {cuuint64_t(h * d), cuuint64_t(d)},
-                                             {cuuint32_t(d), kBlockM, 1}, "in.q_codes"));
-    }
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
+                                           {cuuint64_t(h * d), cuuint64_t(d)},
+                                           {cuuint32_t(d), kBlockM, 1}, "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
                                            {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));

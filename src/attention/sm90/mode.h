@@ -59,8 +59,8 @@ enum Mode : int {
   kChunkedCausalMode = 512,
   // Q quantized inside the kernel (AttentionParams::q_unquantized; fused_q.cuh): the producer brings each
   // tile's 128 BF16 / FP16 query rows, the consumers quantize them (a Q group of numerics section 1 is one
-  // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. E4M3 calls: batched,
-  // plain or causal; packed or with key counts (kVarlenMode), plain; head dim 128 or 64.
+  // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. Batched E4M3 calls,
+  // plain or causal, head dim 128 or 64.
   kFusedQMode = 1024,
 };
 
@@ -115,8 +115,6 @@ inline constexpr int kProductionModes[] = {
     kFusedQMode | kCausalMode,
     kFusedQMode | kHeadDim64Mode,
     kFusedQMode | kHeadDim64Mode | kCausalMode,
-    kFusedQMode | kVarlenMode,
-    kFusedQMode | kVarlenMode | kHeadDim64Mode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 

@@ -190,7 +190,7 @@ TEST(AttentionCall, SameBytesAsStepwiseEveryForm) {
     Case c;
     c.counts = {700, 333};
     Buffers bf(c, 5);
-    expect_same_as_stepwise(c, call_of(c, bf));   // key counts, E4M3: Q quantized in the kernel
+    expect_same_as_stepwise(c, call_of(c, bf));   // key counts, E4M3
     openvc::AttentionCall a = call_of(c, bf);
     a.qk_format = openvc::QkFormat::kInt8, a.k_smoothing = true;
     expect_same_as_stepwise(c, a);
