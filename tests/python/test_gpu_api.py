@@ -66,6 +66,10 @@ def test_extension_maps_cpp_status_to_value_error():
     ext = _ext.load()
     prep = ext.PrepareParams()
     prep.batch = prep.seqlen_q = prep.seqlen_k = prep.heads = 1
+    # q, q_codes and q_descale all null is the K-and-V-only preparation (Q quantized by the kernel): K is named
+    with pytest.raises(ValueError, match=r"params\.k\.data is null"):
+        ext.prepare_fp8(prep, 0)
+    prep.q_codes = 16   # Q asked for: its null data is named
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
         ext.prepare_fp8(prep, 0)
     attn = ext.AttentionParams()

@@ -67,6 +67,7 @@ def test_extension_prepare_varlen_checks_arguments():
         ext.prepare_fp8(p, 0)
     p = params(2, 5, 5, head_dim=64)
     p.dtype = ext.DType.float16
+    p.q_codes = 16   # Q asked for (all of q, q_codes, q_descale null would be the K-and-V-only preparation)
     with pytest.raises(ValueError, match=r"params\.q\.data is null"):
         ext.prepare_fp8(p, 0)
     assert ext.prepare_workspace_bytes(3, 2, 1000, False) >= 24   # (num_seqs, heads, max_seqlen_k, k_smoothing) packed
