@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/shared_rules.h"
 #include "attention/sm90/launch.h"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
@@ -114,10 +115,7 @@ T* at(void* base, size_t offset) {
 // goes through the preparation, which checks it and names it in its errors (a null or misaligned q, rows that
 // overlap such as a broadcast head).
 bool tma_readable_q(const AttentionCall& c) {
-  const TokenTensorView& q = c.q;
-  return q.data != nullptr && aligned(q.data, 16) && q.stride_batch % 8 == 0 && q.stride_seq % 8 == 0 &&
-         q.stride_head % 8 == 0 && (c.heads <= 1 || q.stride_head >= c.head_dim) &&
-         (c.seqlen_q <= 1 || q.stride_seq >= c.head_dim) && (c.batch <= 1 || q.stride_batch >= c.head_dim);
+  return c.q.data != nullptr && q16_layout(c.q, c.batch, c.seqlen_q, c.heads, c.head_dim) == Q16Layout::kOk;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Host rules and derived values that the fast path (sm90/launch.cu) and the general path (general/launch.cu)
 // share for key block lists and chunked causal, so that the two launchers cannot drift apart. Which call
-// forms take block lists stays each path's own rule.
+// forms take block lists stays each path's own rule. Also the layout rule of the fast path's unquantized Q,
+// which the one-call entry (call.cu) applies before it chooses that form.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,6 +11,19 @@
 #include "openvc/status.h"
 
 namespace openvc {
+
+// AttentionParams::q_unquantized's layout (a TMA tensor map over the caller's [B, Sq, H, D] Q): 16-byte aligned
+// data and strides of multiples of 8 elements, each dimension larger than 1 strided by at least head_dim.
+// sm90/launch.cu names the broken rule; call.cu quantizes Q in the kernel only for a Q that keeps both.
+enum class Q16Layout { kOk, kMisaligned, kStrideBelowHeadDim };
+inline Q16Layout q16_layout(const TokenTensorView& q, int batch, int seqlen_q, int heads, int head_dim) {
+  if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || q.stride_batch % 8 != 0)
+    return Q16Layout::kMisaligned;
+  if ((heads > 1 && q.stride_head < head_dim) || (seqlen_q > 1 && q.stride_seq < head_dim) ||
+      (batch > 1 && q.stride_batch < head_dim))
+    return Q16Layout::kStrideBelowHeadDim;
+  return Q16Layout::kOk;
+}
 
 // The lists' own fields against the call's batched inputs (attention.h, KeyBlockList). Counts and indices are
 // device data, clamped by the kernels.

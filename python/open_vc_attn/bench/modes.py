@@ -350,11 +350,11 @@ def _build_case(torch, ova, spec):
             # The same tiles without the varlen mode: B = len(lens) batched sequences of the shortest length,
             # which separates the cost of shorter tiles from the cost of reading lengths on the device.
             n = min(lens)
-            batched = ova.prepare_fp8(*(x[:len(lens) * n].reshape(len(lens), n, h, d) for x in (q, k, v)))
+            qb, kb, vb = (x[:len(lens) * n].reshape(len(lens), n, h, d) for x in (q, k, v))
+            batched = ova.prepare_fp8(qb, kb, vb)
             entries["openvc-batched-kernel"] = lambda: ova.attention_fp8(batched)
             flops["openvc-batched-kernel"] = harness.attention_flops(len(lens), h, n, n, d)
             if spec.get("peers"):   # equal lengths: the peers on the same tokens as a batch (no varlen needed)
-                qb, kb, vb = (x[:len(lens) * n].reshape(len(lens), n, h, d) for x in (q, k, v))
                 peers = {"cudnn-bf16": _sdpa(torch, qb, kb, vb), **_fa3_entries(torch, qb, kb, vb, False)}
                 entries.update(peers)
                 flops.update({e: packed_flops for e in peers})

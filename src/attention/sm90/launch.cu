@@ -114,13 +114,13 @@ Status validate_unquantized_q(const AttentionParams& p, bool vc) {
                                "block lists, chunked causal, V block descales or INT8");
   if (p.q_unquantized_dtype != DType::kBFloat16 && p.q_unquantized_dtype != DType::kFloat16)
     return Status::Invalid("q_unquantized_dtype must be kBFloat16 or kFloat16");
-  if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || q.stride_batch % 8 != 0)
+  const Fp8Inputs& in = p.in;
+  const Q16Layout layout = q16_layout(q, in.batch, in.seqlen_q, in.heads, in.head_dim);
+  if (layout == Q16Layout::kMisaligned)
     return Status::Invalid("q_unquantized: data must be 16-byte aligned and its strides multiples of 8 elements "
                            "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
                            ", " + str(q.stride_head));
-  const Fp8Inputs& in = p.in;
-  if ((in.heads > 1 && q.stride_head < in.head_dim) || (in.seqlen_q > 1 && q.stride_seq < in.head_dim) ||
-      (in.batch > 1 && q.stride_batch < in.head_dim))
+  if (layout == Q16Layout::kStrideBelowHeadDim)
     return Status::Invalid("q_unquantized strides (batch " + str(q.stride_batch) + ", seq " + str(q.stride_seq) +
                            ", head " + str(q.stride_head) + "): each must be at least head_dim (" +
                            str(in.head_dim) + ")");
