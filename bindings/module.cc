@@ -1,8 +1,8 @@
 // _openvc_ext: the nanobind module of open_vc_attn. This file binds the CPU reference of
 // docs/numerics.md (numpy in, numpy out; argument checks with readable messages live in
 // open_vc_attn/reference.py, long calls drop the GIL); the GPU entry points and their parameter
-// structs are registered by register_gpu (gpu.cc), register_vc (gpu_vc.cc) and register_repair
-// (gpu_repair.cc). A non-ok Status becomes ValueError (InvalidArgument) or RuntimeError (util.h).
+// structs are registered by register_gpu (gpu.cc), register_gpu_call (gpu_call.cc), register_vc
+// (gpu_vc.cc), register_repair (gpu_repair.cc) and register_rotary (gpu_rotary.cc). A non-ok Status becomes ValueError (InvalidArgument) or RuntimeError (util.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -30,6 +30,7 @@ void register_gpu(nb::module_& m);  // gpu.cc
 void register_vc(nb::module_& m);   // gpu_vc.cc
 void register_repair(nb::module_& m);  // gpu_repair.cc
 void register_gpu_call(nb::module_& m);  // gpu_call.cc
+void register_rotary(nb::module_& m);  // gpu_rotary.cc
 
 namespace {
 
@@ -348,4 +349,5 @@ NB_MODULE(_openvc_ext, m) {
   register_gpu_call(m);
   register_vc(m);
   register_repair(m);
+  register_rotary(m);
 }

@@ -8,6 +8,8 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
   (docs/block_sparse.md); imports torch when called.
 - ``open_vc_attn.kv_cache``: :class:`~open_vc_attn.kv_cache.FP8KVCache`, keys and values of earlier video chunks
   quantized once (docs/block_sparse.md, "KV cache"); imports torch when constructed.
+- ``open_vc_attn.rotary``: :func:`~open_vc_attn.rotary.rotary_pairs`, the rotary embedding of q or k in one
+  GPU pass with the framework's bits (docs/api.md); imports torch when called.
 - GPU functions on torch CUDA tensors (Hopper, sm_90a), defined in ``open_vc_attn.api``:
   :func:`attention`, :func:`prepare_fp8` (batched, or packed sequences with cu_seqlens),
   :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
@@ -25,7 +27,7 @@ from .api import PreparedFP8, attention, attention_fp8, prepare_fp8  # torch-fre
 # The one version source: pyproject.toml (scikit-build-core regex provider) and CMakeLists.txt read it.
 __version__ = "0.1.0"
 
-_SUBMODULES = ("reference", "video_inputs", "cli", "parallel", "masks", "kv_cache", "ops")
+_SUBMODULES = ("reference", "video_inputs", "cli", "parallel", "masks", "kv_cache", "rotary", "ops")
 # Not "ops": a star import must not pull in torch.
 __all__ = ["__version__", "attention", "prepare_fp8", "attention_fp8", "PreparedFP8", *_SUBMODULES[:-1]]
 

@@ -34,6 +34,9 @@ Times: one warm-up forward per backend, then --runs forwards of each, interleave
 so clock drift hits both alike; the median is reported. The calls by path are those of one forward
 (stats(model) of the warm-up). The output difference (rel L2 of openvc's output against native's) is
 printed for information (random weights attend almost uniformly: it is not an accuracy figure).
+--compare-rope adds a third entry to the interleaved runs: openvc with its processors' rotary embedding in
+diffusers' own torch form instead of open_vc_attn.rotary's one pass (the same output bits, checked), so that
+the part of the speedup that comes from the rotary embedding is measured in the same run.
 --dry-run builds tiny configs on the CPU (BF16) and runs the same code with torch SDPA standing in for
 openvc's kernel and the policy's token thresholds scaled down (to 100), so the calls take the paths
 they take on the GPU; --shapes-only builds the real configs at the real token counts on the meta device
@@ -368,6 +371,20 @@ def run_model(torch, ovd, name, args, device, dtype, policy):
         finally:
             ovd.remove(model)
 
+    def openvc_torch_rope():
+        """openvc with the replaced processors' rotary embedding in diffusers' elementwise torch form (what the
+        kernel form, open_vc_attn.rotary, saves: --compare-rope)."""
+        from open_vc_attn.integrations import _diffusers_processors as procs
+        saved = procs._kernel_rope_reason
+        procs._kernel_rope_reason = lambda *tensors: "off (--compare-rope)"
+        try:
+            return openvc()
+        finally:
+            procs._kernel_rope_reason = saved
+
+    entries = [("native", native), ("openvc", openvc)]
+    if args.compare_rope:
+        entries.append(("openvc_torch_rope", openvc_torch_rope))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         t_native0, out_native = timed(torch, native, device)
@@ -377,10 +394,14 @@ def run_model(torch, ovd, name, args, device, dtype, policy):
         record["output_shape"] = list(out_openvc.shape)
         if device != "meta":
             record["rel_l2_openvc_vs_native"] = rel_l2(torch, out_openvc, out_native)
+            if args.compare_rope:   # the two rotary forms give the same bits, so the same forward
+                _, out_torch_rope = timed(torch, openvc_torch_rope, device)
+                record["torch_rope_same_output"] = bool(torch.equal(out_torch_rope, out_openvc))
+                del out_torch_rope
         del out_native, out_openvc
-        times = {"native": [], "openvc": []}
+        times = {key: [] for key, _ in entries}
         for _ in range(args.runs if device != "meta" else 0):
-            for key, fn in (("native", native), ("openvc", openvc)):
+            for key, fn in entries:
                 dt, out = timed(torch, fn, device)
                 del out
                 times[key].append(dt)
@@ -393,6 +414,10 @@ def run_model(torch, ovd, name, args, device, dtype, policy):
         med = {k: statistics.median(v) for k, v in times.items()}
         record["s_per_forward"] = med
         record["speedup"] = med["native"] / med["openvc"]
+        if args.compare_rope:
+            record["speedup_torch_rope"] = med["native"] / med["openvc_torch_rope"]
+            print(f"[{name}] openvc with diffusers' torch rotary embedding {med['openvc_torch_rope']:.3f} s: "
+                  f"{record['speedup_torch_rope']:.2f}x (same output bits: {record['torch_rope_same_output']})")
         print(f"[{name}] native {med['native']:.3f} s, openvc {med['openvc']:.3f} s per forward: "
               f"{record['speedup']:.2f}x; {openvc_calls}/{total_calls} attention calls on openvc; rel L2 "
               f"{record['rel_l2_openvc_vs_native']:.4f}", flush=True)
@@ -449,6 +474,9 @@ def parse_args(argv):
     p.add_argument("--k-smoothing", action="store_true", help="the policy's k_smoothing")
     p.add_argument("--p-format", default=None, choices=("expcast", "exp2"),
                    help="the policy's p_format (default: expcast; exp2 needs --qk-format int8)")
+    p.add_argument("--compare-rope", action="store_true",
+                   help="also time openvc with its processors' rotary embedding in diffusers' torch form (interleaved "
+                        "with the others) and check that the output bits are the same")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny configs, kernel stand-in (checks the diffusers API and routing)")
     p.add_argument("--shapes-only", action="store_true",

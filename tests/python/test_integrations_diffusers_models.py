@@ -62,17 +62,22 @@ def run_three_ways(torch, ovd, model, inputs, pol):
     """(reference, openvc output, stats(model)); checks that remove() restores the model bit for bit."""
     ref = forward(torch, model, inputs)
     originals = [m.processor for m in model.modules() if hasattr(m, "processor")]
+    out = applied_forward(torch, ovd, model, inputs, pol)
+    assert [m.processor for m in model.modules() if hasattr(m, "processor")] == originals
+    assert torch.equal(forward(torch, model, inputs), ref)
+    return ref, out, ovd.stats(model)
+
+
+def applied_forward(torch, ovd, model, inputs, pol):
+    """One forward under apply(model, policy=pol) (stats reset first, fallback warnings silenced), then remove()."""
     ovd.apply(model, policy=pol)
     ovd.reset_stats()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ovd.FallbackWarning)
-            out = forward(torch, model, inputs)
+            return forward(torch, model, inputs)
     finally:
         ovd.remove(model)
-    assert [m.processor for m in model.modules() if hasattr(m, "processor")] == originals
-    assert torch.equal(forward(torch, model, inputs), ref)
-    return ref, out, ovd.stats(model)
 
 
 def small_policy(policy, n):
@@ -281,6 +286,24 @@ def test_fallback_is_the_original_bit_for_bit(torch, ovd, policy, name):
         ovd.remove(model)
     assert torch.equal(out, ref)
     assert ovd.stats(model) == {("fallback", "device cpu is not CUDA"): 2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cogvideox", "mochi", "easyanimate"])
+def test_gpu_fallback_with_the_rotary_kernel_is_the_original_bit_for_bit(torch, ovd, policy, name):
+    """On the GPU the replaced processors rotate q and k with openvc's one-pass kernel (open_vc_attn.rotary) in
+    place of diffusers' elementwise form; with a policy that sends every call to the fallback, the output is the
+    unwrapped model's exactly, so the kernel's bits are diffusers' (CogVideoX 1.5's and EasyAnimate's
+    apply_rotary_emb, Mochi's own rotation)."""
+    model, inputs = (cogvideox(torch, "1.5")[:2] if name == "cogvideox" else
+                     mochi(torch, [[1, 1, 1, 0, 0, 0, 0, 0], [1] * 8]) if name == "mochi" else easyanimate(torch))
+    cuda = lambda x: (x.cuda() if isinstance(x, torch.Tensor) else
+                      type(x)(cuda(t) for t in x) if isinstance(x, (tuple, list)) else x)
+    model, inputs = model.cuda(), {k: cuda(v) for k, v in inputs.items()}
+    ref = forward(torch, model, inputs)
+    out = applied_forward(torch, ovd, model, inputs, small_policy(policy, 10 ** 9))
+    assert torch.equal(out, ref)
+    assert all(path == "fallback" for path, _ in ovd.stats(model))
 
 
 def test_policy_reasons_and_formats(torch, ovd, policy, stand_in):

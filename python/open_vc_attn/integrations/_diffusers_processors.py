@@ -64,11 +64,53 @@ class DirectProcessor:
 
 def _rope_after_text(attn, query, key, text_len, image_rotary_emb):
     """The rotary embedding of the video tokens (those after the first text_len), in place as diffusers'
-    CogVideoX and EasyAnimate processors apply it: queries, and keys unless the attention is cross-attention."""
-    from diffusers.models.embeddings import apply_rotary_emb
-    query[:, :, text_len:] = apply_rotary_emb(query[:, :, text_len:], image_rotary_emb)
-    if not attn.is_cross_attention:
-        key[:, :, text_len:] = apply_rotary_emb(key[:, :, text_len:], image_rotary_emb)
+    CogVideoX and EasyAnimate processors apply it: queries, and keys unless the attention is cross-attention.
+    Where openvc's kernel runs (:func:`_kernel_rope_reason`), one pass per tensor with diffusers' bits
+    (open_vc_attn.rotary) instead of apply_rotary_emb's eight elementwise kernels through FP32 temporaries."""
+    tensors = (query,) if attn.is_cross_attention else (query, key)
+    tables = _interleaved_tables(tensors, text_len, image_rotary_emb)
+    if tables is None:
+        from diffusers.models.embeddings import apply_rotary_emb
+        for x in tensors:
+            x[:, :, text_len:] = apply_rotary_emb(x[:, :, text_len:], image_rotary_emb)
+        return
+    from ..rotary import rotary_pairs
+    for x in tensors:
+        video = x[:, :, text_len:].transpose(1, 2)   # [B, S, H, D] view of the video rows
+        rotary_pairs(video, *tables, out=video)
+
+
+def _kernel_rope_reason(*tensors):
+    """None when openvc's rotary kernel takes these tensors (BF16/FP16 on a Hopper GPU, head dim contiguous, a
+    pair in one aligned word, no autograd), else why not."""
+    import torch
+    from .policy import device_reason
+    for t in tensors:
+        if t.device.type != "cuda":
+            return f"device {t.device}"
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            return f"dtype {t.dtype}"
+        if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.storage_offset() % 2:
+            return f"strides {tuple(t.stride())}, storage offset {t.storage_offset()}"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "autograd"
+    return device_reason(tensors[0].device)
+
+
+def _interleaved_tables(tensors, text_len, freqs):
+    """diffusers' (cos, sin) [S, D] of apply_rotary_emb (use_real, unbind dim -1) as the kernel's FP32 [S, H,
+    D / 2, 2] views for the tensors [B, H, text_len + S, D]; None where the kernel does not take them or the
+    tables are of another form (diffusers' own function then runs, as in the original processor)."""
+    import torch
+    if not isinstance(freqs, (tuple, list)) or len(freqs) != 2 or _kernel_rope_reason(*tensors) is not None:
+        return None
+    _, h, total, d = tensors[0].shape
+    cos, sin = freqs
+    if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == (total - text_len, d) and t.is_floating_point()
+               and not t.requires_grad for t in (cos, sin)) or d % 2 or d > 512:
+        return None
+    return tuple(t.to(device=tensors[0].device, dtype=torch.float32).view(total - text_len, 1, d // 2, 2)
+                 .expand(total - text_len, h, d // 2, 2) for t in (cos, sin))
 
 
 def _bhsd_to_bshd(*tensors):
@@ -228,9 +270,16 @@ class MochiProcessor(DirectProcessor):
 
 def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
     """diffusers 0.42.1 MochiAttnProcessor2_0's rotary embedding (interleaved pairs, FP32 math), the same values
-    written into ``out`` ([B, S, H, D], a slice of a joint buffer) and returned. Sample by sample, because each
-    sample's rows are contiguous there (into the strided batch view, torch would write the two halves as two
-    copies of every other element)."""
+    written into ``out`` ([B, S, H, D], a slice of a joint buffer) and returned: with openvc's kernel where it
+    runs (one pass, the same bits: open_vc_attn.rotary), else with diffusers' elementwise math."""
+    pair_shape = (*x.shape[1:3], x.shape[3] // 2)
+    if _kernel_rope_reason(x, out) is None and x.shape[3] % 2 == 0 and x.shape[3] <= 512 and all(
+            isinstance(t, torch.Tensor) and tuple(t.shape) == pair_shape and t.is_floating_point()
+            and not t.requires_grad for t in (freqs_cos, freqs_sin)):
+        from ..rotary import rotary_pairs
+        cos, sin = (t.to(device=x.device, dtype=torch.float32).unsqueeze(-1).expand(*pair_shape, 2)
+                    for t in (freqs_cos, freqs_sin))
+        return rotary_pairs(x, cos, sin, out=out)
     x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
     cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
     sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
@@ -239,6 +288,8 @@ def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
         out.copy_(torch.stack([cos, sin], dim=-1).flatten(-2))
         return out
     for b in range(out.shape[0]):
+        # sample by sample: each sample's rows are contiguous in out (into the strided batch view, torch would
+        # write the two halves as two copies of every other element)
         torch.stack([cos[b], sin[b]], dim=-1, out=out[b].unflatten(-1, (-1, 2)))
     return out
 

@@ -36,7 +36,7 @@ from .. import _checks
 from .._layout import QUANT_BLOCK   # openvc's query tile and key block: a BlockMask's BLOCK_SIZE
 
 __all__ = ["OPENVC", "FALLBACK", "AUTO", "DispatchPolicy", "DEFAULT_POLICY", "choose_path", "choose_varlen_path",
-           "block_mask_reason"]
+           "block_mask_reason", "device_reason"]
 
 OPENVC = "openvc"
 FALLBACK = "fallback"
@@ -161,6 +161,12 @@ def _device_reason(device):
     if cap != (9, 0):
         return f"compute capability {cap[0]}.{cap[1]} (the fast path needs 9.0, sm_90a)"
     return None
+
+
+def device_reason(device):
+    """None when ``device`` can run openvc's kernels, else why not (for the integrations' other kernels, such as
+    the replaced processors' rotary embedding; the same cached query as the attention calls' policy)."""
+    return _device_reason(device)
 
 
 def _layout_ok(x) -> bool:
