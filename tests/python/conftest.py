@@ -1,7 +1,8 @@
 """Shared pytest set-up: the `gpu` marker (declared in pyproject.toml) skips, with the reason shown in
 the summary (`pytest -rs`), when torch, a CUDA device or compute capability 9.0 is missing; the `torch`
-fixture (the module, or a skip where torch is not installed) and the integrations' `policy` and `ovd`
-(open_vc_attn.integrations.diffusers) fixtures. Input builders: helpers.py."""
+fixture (the module, or a skip where torch is not installed), the integrations' `policy` and `ovd`
+(open_vc_attn.integrations.diffusers) fixtures, and `stand_in` (openvc's fast path replaced by a recording CPU
+computation, for the diffusers model tests). Input builders: helpers.py."""
 import pytest
 
 
@@ -26,6 +27,31 @@ def ovd(policy):
     pytest.importorskip("diffusers", reason="diffusers is not installed")
     from open_vc_attn.integrations import diffusers as ovd
     return ovd
+
+@pytest.fixture
+def stand_in(torch, ovd, policy, monkeypatch):
+    """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale) of each
+    call, with "mask" or "counts" appended where it had keys cut (a key mask or key counts, seqused_k), and
+    computes torch SDPA in FP32 with them."""
+    monkeypatch.setattr(policy, "_device_reason", lambda device: None)
+    seen = []
+
+    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, seqused_k=None, **fmt):
+        assert attn_mask is None or seqused_k is None
+        if seqused_k is not None:   # the first seqused_k[b] keys of entry b
+            attn_mask = torch.arange(k.shape[1])[None, :] < seqused_k[:, None].long()
+        counts = None if attn_mask is None else attn_mask.reshape(q.shape[0], -1).bool().sum(-1).tolist()
+        seen.append((tuple(q.shape), tuple(k.shape), counts, causal, scale))
+        if counts is not None:
+            seen[-1] += ("counts" if seqused_k is not None else "mask",)
+        mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=mask, scale=scale, is_causal=causal)
+        return out.transpose(1, 2).to(torch.bfloat16)
+
+    monkeypatch.setattr(ovd, "_fast_attention", fast)
+    return seen
+
 
 _gpu_reason = None  # computed once, and only when a gpu test was collected (torch imports are slow)
 

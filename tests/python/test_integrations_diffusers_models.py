@@ -20,84 +20,8 @@ import warnings
 
 import pytest
 
-STAND_IN_REL_L2 = 0.02      # FP32 SDPA rounded to BF16 against diffusers' BF16 SDPA, through a few blocks
-
-
-@pytest.fixture
-def stand_in(torch, ovd, policy, monkeypatch):
-    """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale) of each
-    call, with "mask" or "counts" appended where it had keys cut (a key mask or key counts, seqused_k), and
-    computes torch SDPA in FP32 with them."""
-    monkeypatch.setattr(policy, "_device_reason", lambda device: None)
-    seen = []
-
-    def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, seqused_k=None, **fmt):
-        assert attn_mask is None or seqused_k is None
-        if seqused_k is not None:   # the first seqused_k[b] keys of entry b
-            attn_mask = torch.arange(k.shape[1])[None, :] < seqused_k[:, None].long()
-        counts = None if attn_mask is None else attn_mask.reshape(q.shape[0], -1).bool().sum(-1).tolist()
-        seen.append((tuple(q.shape), tuple(k.shape), counts, causal, scale))
-        if counts is not None:
-            seen[-1] += ("counts" if seqused_k is not None else "mask",)
-        mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
-        out = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=mask, scale=scale, is_causal=causal)
-        return out.transpose(1, 2).to(torch.bfloat16)
-
-    monkeypatch.setattr(ovd, "_fast_attention", fast)
-    return seen
-
-
-def forward(torch, model, inputs):
-    with torch.inference_mode():
-        return model(**inputs, return_dict=False)[0]
-
-
-def rel_l2(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-
-def run_three_ways(torch, ovd, model, inputs, pol):
-    """(reference, openvc output, stats(model)); checks that remove() restores the model bit for bit."""
-    ref = forward(torch, model, inputs)
-    originals = [m.processor for m in model.modules() if hasattr(m, "processor")]
-    out = applied_forward(torch, ovd, model, inputs, pol)
-    assert [m.processor for m in model.modules() if hasattr(m, "processor")] == originals
-    assert torch.equal(forward(torch, model, inputs), ref)
-    return ref, out, ovd.stats(model)
-
-
-def applied_forward(torch, ovd, model, inputs, pol):
-    """One forward under apply(model, policy=pol) (stats reset first, fallback warnings silenced), then remove()."""
-    ovd.apply(model, policy=pol)
-    ovd.reset_stats()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ovd.FallbackWarning)
-            return forward(torch, model, inputs)
-    finally:
-        ovd.remove(model)
-
-
-def small_policy(policy, n):
-    return policy.DispatchPolicy(min_query_tokens=n, min_key_tokens=n)
-
-
-def gen(torch, seed=None):
-    return torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ()) if seed is None else seed))
-
-
-def randn(torch, g, *shape):
-    return torch.randn(*shape, generator=g).to(torch.bfloat16)
-
-
-def build(torch, cls_name, **cfg):
-    import diffusers
-    torch.manual_seed(int(torch.randint(0, 2 ** 31, ())))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return getattr(diffusers, cls_name)(**cfg).to(torch.bfloat16).eval()
+from diffusers_tiny import (STAND_IN_REL_L2, applied_forward, build, forward, gen, randn, rel_l2,  # noqa: F401
+                           run_three_ways, small_policy)
 
 
 # ---- models whose processors call torch SDPA themselves: replaced by openvc's -----------------------------
