@@ -16,11 +16,10 @@ processors runs the original's own SDPA call: bit for bit the reference.
 - Allegro (head dim 96) and Latte (head dim 72, generic processors): apply() raises, naming the processors.
 Wan, HunyuanVideo, LTX-Video: test_integrations_diffusers.py; Motif-Video: test_diffusers_e2e_script.py.
 """
-import warnings
 
 import pytest
 
-from diffusers_tiny import (STAND_IN_REL_L2, applied_forward, build, forward, gen, randn, rel_l2,  # noqa: F401
+from diffusers_tiny import (STAND_IN_REL_L2, applied_forward, build, forward, gen, randn, rel_l2,
                            run_three_ways, small_policy)
 
 
