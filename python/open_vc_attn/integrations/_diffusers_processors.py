@@ -336,14 +336,25 @@ def processors(model):
 
 # Processors that call dispatch_attention_fn without an _attention_backend attribute (diffusers 0.42.1): their
 # calls run on the active backend, so the integration's wrapper routes them like the others.
-DISPATCH_WITHOUT_BACKEND_ATTR = ("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5", "Kandinsky6SRAttnProcessor")
+DISPATCH_WITHOUT_BACKEND_ATTR = ("CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5")
+
+# Processors that call dispatch_attention_fn with a backend of their own, which the active backend does not
+# override (diffusers 0.42.1): AnyFlow-FAR's causal self-attention and the LTX-2 diffusion decoder's neighborhood
+# attention (each raises unless its _attention_backend is flex, whose BlockMask element rule it builds for) and
+# Kandinsky 6 SR's (names flex in each call, 64-token NABLA blocks). apply() leaves them as they are: their calls
+# run there, outside openvc's routing and counts.
+KEEP_OWN_BACKEND = ("AnyFlowCausalAttnProcessor", "LTX2VideoVaeNeighborhoodAttnProcessor", "Kandinsky6SRAttnProcessor")
+
+
+def _diffusers_class_in(proc, names):
+    return type(proc).__name__ in names and type(proc).__module__.startswith("diffusers.")
 
 
 def dispatch_modules(model):
     """(module, processor) of the processors that call diffusers' dispatch (they have _attention_backend, or
-    are of the classes above)."""
-    return [(m, p) for m, p in processors(model) if hasattr(p, "_attention_backend")
-            or (type(p).__name__ in DISPATCH_WITHOUT_BACKEND_ATTR and type(p).__module__.startswith("diffusers."))]
+    are of the classes above), but those that keep their own backend."""
+    return [(m, p) for m, p in processors(model) if not _diffusers_class_in(p, KEEP_OWN_BACKEND)
+            and (hasattr(p, "_attention_backend") or _diffusers_class_in(p, DISPATCH_WITHOUT_BACKEND_ATTR))]
 
 
 def direct_modules(model):
@@ -378,11 +389,19 @@ def uninstall(model):
 
 def no_route_reason(model, tested_version):
     """Why openvc can route none of ``model``'s attention calls (neither dispatch nor replaced processors)."""
-    direct = sorted({type(p).__name__ for _, p in processors(model)})
-    if not direct:
+    names = sorted({type(p).__name__ for _, p in processors(model)})
+    if not names:
         return f"{type(model).__name__} has no attention processors"
-    return (f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention themselves "
-            f"(torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
-            f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls, "
-            f"and openvc has no replacement for them (in diffusers {tested_version}: Allegro, head dim 96; "
-            f"Latte, head dim 72; docs/integrations/diffusers.md)")
+    own = [n for n in names if n in KEEP_OWN_BACKEND]
+    direct = [n for n in names if n not in KEEP_OWN_BACKEND]
+    parts = []
+    if direct:
+        parts.append(f"{type(model).__name__}'s attention processors ({', '.join(direct)}) compute attention "
+                     f"themselves (torch.nn.functional.scaled_dot_product_attention) instead of calling diffusers' "
+                     f"dispatch_attention_fn, so no diffusers attention backend, openvc included, sees their calls, "
+                     f"and openvc has no replacement for them")
+    if own:
+        parts.append(f"{'its' if direct else type(model).__name__ + chr(39) + 's'} attention processors "
+                     f"({', '.join(own)}) call dispatch_attention_fn with a backend they name themselves (flex), which "
+                     f"no active backend, openvc included, overrides")
+    return "; ".join(parts) + f" (diffusers {tested_version}; docs/integrations/diffusers.md has a row per model)"
