@@ -1,8 +1,8 @@
 // Rotary position embedding over interleaved pairs, in one pass: the rotation video transformers apply to
 // q and k right before attention (diffusers' apply_rotary_emb with use_real_unbind_dim=-1 for CogVideoX,
 // EasyAnimate and Flux; Mochi's own rotation). Framework code writes it as eight to ten elementwise
-// kernels through FP32 temporaries; this reads x and the tables once and writes out once, with the same
-// bits (docs/api.md, "Rotary embedding").
+// kernels through FP32 temporaries; this reads x and the tables once and writes out once, with the bits of
+// that eager form (docs/api.md, `rotary.rotary_pairs`).
 #pragma once
 #include <cstdint>
 
@@ -33,8 +33,8 @@ struct RotaryPairsParams {
 };
 
 // Enqueues the rotation on `stream` (no allocation, no synchronization). InvalidArgument names the
-// field: head_dim even and at most 512, x and out 4-byte aligned with even strides, tokens and heads
-// inside int32 range, pointers set when there is work.
+// field: head_dim even and at most 512, x and out 4-byte aligned with even strides, batch * seqlen * heads
+// at most 2^31 - 257, pointers set when there is work.
 Status rotary_pairs(const RotaryPairsParams& params, cudaStream_t stream);
 
 }  // namespace openvc

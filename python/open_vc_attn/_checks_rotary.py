@@ -6,13 +6,15 @@ from __future__ import annotations
 from ._checks import import_torch, shape_of
 from ._layout import INT_MAX
 
-MAX_HEAD_DIM = 512   # openvc::rotary_pairs: one block of 256 threads holds a row's pairs
+MAX_HEAD_DIM = 512              # openvc::rotary_pairs: one block of 256 threads holds a row's pairs
+MAX_ROWS = INT_MAX - 256        # its 32-bit grid and row arithmetic
 
 
-def check_rotary_args(x, cos, sin, out=None):
+def check_rotary_args(x, cos, sin, out=None, in_place=False):
     """x [B, S, H, D] BF16/FP16 on CUDA (head dim contiguous, even strides, D even and <= 512); cos, sin float32
     [S, H, D / 2, 2] with one set of strides between them (0 broadcasts); out None or a tensor of x's shape
-    and dtype on its device (head dim contiguous, even strides). Everything a fake tensor can show."""
+    and dtype on its device (head dim contiguous, even strides); the tensor written (out, or x in place) with
+    no element stored twice. Everything a fake tensor can show."""
     torch = import_torch()
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor [B, S, H, D] (bfloat16 or float16), got {type(x).__name__}")
@@ -24,8 +26,8 @@ def check_rotary_args(x, cos, sin, out=None):
     if d % 2 or not 2 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"x: head dim must be even, in [2, {MAX_HEAD_DIM}] (interleaved pairs), got shape "
                          f"{shape_of(x)}")
-    if b * s * h > INT_MAX:
-        raise ValueError(f"x: B * S * H must be at most {INT_MAX}, got shape {shape_of(x)}")
+    if b * s * h > MAX_ROWS:
+        raise ValueError(f"x: B * S * H must be at most {MAX_ROWS}, got shape {shape_of(x)}")
     _check_pair_strides("x", x)
     want = (s, h, d // 2, 2)
     for name, t in (("cos", cos), ("sin", sin)):
@@ -40,7 +42,7 @@ def check_rotary_args(x, cos, sin, out=None):
                             f"a lower-precision table is exact), got {t.dtype}")
         if t.device != x.device:
             raise ValueError(f"{name}: expected x's device {x.device}, got {t.device}")
-    if tuple(cos.stride()) != tuple(sin.stride()):
+    if any(a != b for a, b, n in zip(cos.stride(), sin.stride(), cos.shape) if n > 1):
         raise ValueError(f"sin: expected cos's strides {tuple(cos.stride())} (one set of table strides), got "
                          f"{tuple(sin.stride())}")
     if out is not None:
@@ -50,6 +52,11 @@ def check_rotary_args(x, cos, sin, out=None):
             raise ValueError(f"out: expected x's shape {shape_of(x)}, dtype {x.dtype} and device {x.device}, got "
                              f"{shape_of(out)}, {out.dtype}, {out.device}")
         _check_pair_strides("out", out)
+    written = ("x", x) if in_place else ("out", out) if out is not None else None
+    if written is not None and _self_overlapping(written[1]):
+        raise ValueError(f"{written[0]}: its elements overlap (strides {tuple(written[1].stride())} for shape "
+                         f"{shape_of(written[1])}, e.g. an expanded view): each is written once, so each needs its own "
+                         "memory")
     if x.requires_grad or (cos.requires_grad or sin.requires_grad):
         raise ValueError("x, cos, sin: requires_grad=True is not supported: openvc's rotary embedding is "
                          "inference-only (no backward)")
@@ -67,19 +74,32 @@ def _check_pair_strides(name, t):
                          f"strides {tuple(stride)}")
 
 
-def check_rotary_pointers(x, out):
-    """What needs real tensors: 4-byte aligned data, and out either x itself or not overlapping it."""
+def _self_overlapping(t):
+    """True when two elements of t share memory (a dim of size > 1 whose stride does not step over the dims
+    inside it, as with expand)."""
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * n
+    return False
+
+
+def check_rotary_pointers(x, out=None):
+    """What needs real tensors: 4-byte aligned data, and out (when given) not overlapping x at all: rotary_pairs_out
+    reads x as it writes out, so even an exact alias goes to the in-place op (rotary.rotary_pairs with out=x)."""
     for name, t in (("x", x), ("out", out)):
-        if t.data_ptr() % 4:
+        if t is not None and t.data_ptr() % 4:
             raise ValueError(f"{name}: the data pointer must be 4-byte aligned (a pair is one word), got address "
                              f"% 4 = {t.data_ptr() % 4}")
-    if x.numel() == 0 or (out.data_ptr() == x.data_ptr() and out.stride() == x.stride()):
+    if out is None or x.numel() == 0:
         return
     lo_x, hi_x = _extent(x)
     lo_o, hi_o = _extent(out)
     if lo_x < hi_o and lo_o < hi_x:
-        raise ValueError("out: overlaps x without being x itself (same data pointer and strides); pass out=x for "
-                         "the rotation in place, or a separate tensor")
+        raise ValueError("out: overlaps x's memory; pass out=x (the same tensor object) for the rotation in place, "
+                         "or a tensor of its own")
 
 
 def _extent(t):

@@ -13,6 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxHeadDim = 2 * kThreads;   // one block holds at least one token-head row of pairs
+constexpr int kMaxRows = INT_MAX - kThreads;
 
 template <typename T>
 struct PairIo;
@@ -68,9 +69,10 @@ Status check(const RotaryPairsParams& p) {
                            "] (pairs of elements), got " + std::to_string(p.head_dim));
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16)
     return Status::Invalid("rotary_pairs: dtype must be kBFloat16 or kFloat16");
+  // Rows and a block's worth more must fit an int: the grid size and each thread's row are 32-bit.
   const int64_t rows = static_cast<int64_t>(p.batch) * p.seqlen * p.heads;
-  if (rows > INT_MAX)
-    return Status::Invalid("rotary_pairs: batch * seqlen * heads must be at most " + std::to_string(INT_MAX) +
+  if (rows > kMaxRows)
+    return Status::Invalid("rotary_pairs: batch * seqlen * heads must be at most " + std::to_string(kMaxRows) +
                            ", got " + std::to_string(rows));
   if (rows == 0) return Status::Ok();
   if (!p.x.data) return Status::Invalid("rotary_pairs: x.data is null");

@@ -44,7 +44,7 @@ def test_gpu_interleaved_form_in_place_on_a_slice(torch, dtype_name, d):
     b, h, text, s = 2, 3, 5, 77
     g = torch.Generator(device="cuda").manual_seed(d)
     x = (torch.randn(b, h, text + s, d, device="cuda", generator=g) * 3).to(dtype)
-    theta = angles(torch, s, d // 2, d).repeat_interleave(2, dim=1)     # diffusers' [S, D] tables
+    theta = angles(torch, s, d, d)   # diffusers' [S, D] tables; a pair's two entries differ (table_stride_half)
     cos, sin = theta.cos(), theta.sin()
     want = x.clone()
     want[:, :, text:] = diffusers_interleaved(torch, x[:, :, text:], cos, sin)
@@ -94,6 +94,14 @@ def test_gpu_new_output_empty_input_and_compile(torch):
     compiled = torch.compile(f, fullgraph=True)
     assert same_bits(torch, compiled(x), eager)
 
+    def g(a):   # the processors' form: in place on a transposed slice of an intermediate [B, H, 1 + S, D]
+        y = torch.cat([torch.zeros_like(a[:, :1]), a], 1).transpose(1, 2).contiguous()
+        v = y[:, :, 1:].transpose(1, 2)
+        rotary_pairs(v, cos, sin, out=v)
+        return y
+    in_place = torch.compile(g, fullgraph=True)(x)
+    assert same_bits(torch, in_place[:, :, 1:].transpose(1, 2), eager) and not in_place[:, :, 0].any()
+
     static_x, static_out = x.clone(), torch.empty_like(x)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -105,11 +113,41 @@ def test_gpu_new_output_empty_input_and_compile(torch):
 
 
 @pytest.mark.gpu
-def test_gpu_overlapping_out_is_refused(torch):
+def test_gpu_separate_roundings_not_a_fused_multiply_add(torch):
+    """a = 3, b = 1, cos = fp32(1/3), sin = 1: 3 * fp32(1/3) rounds to 1, so the first output is exactly 0; a fused
+    multiply-add would give 3 * fp32(1/3) - 1 = 2.98e-8 (a BF16 value too)."""
+    x = torch.tensor([3.0, 1.0], device="cuda").to(torch.bfloat16).view(1, 1, 1, 2)
+    cos = torch.full((1, 1, 1, 2), 1.0 / 3.0, device="cuda")
+    sin = torch.ones(1, 1, 1, 2, device="cuda")
+    out = rotary_pairs(x, cos, sin)
+    assert out[0, 0, 0, 0].item() == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_overlapping_outputs_are_refused(torch):
+    """out overlapping x (also an exact alias that is not x itself), or a written tensor whose elements share memory
+    (an expanded view), is a ValueError naming it: each element is read once and written once."""
     x = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16, device="cuda")
     cos = torch.ones(7, 2, 32, 2, device="cuda")
-    with pytest.raises(ValueError, match="out: overlaps x"):
+    with pytest.raises(ValueError, match="^out: overlaps x's memory"):
         rotary_pairs(x[:, :7], cos, cos, out=x[:, 1:])
+    with pytest.raises(ValueError, match="^out: overlaps x's memory"):
+        rotary_pairs(x[:, :7], cos, cos, out=x[:, :7].view_as(x[:, :7]))
+    wide = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16, device="cuda").expand(1, 7, 2, 64)
+    with pytest.raises(ValueError, match="^out: its elements overlap"):
+        rotary_pairs(x[:, :7], cos, cos, out=wide)
+    with pytest.raises(ValueError, match="^x: its elements overlap"):
+        rotary_pairs(wide, cos, cos, out=wide)
+
+
+@pytest.mark.gpu
+def test_gpu_ops_pass_opcheck(torch):
+    """torch.library.opcheck of both ops (schema, fakes, dispatch), as the other ops of open_vc_attn.ops."""
+    import open_vc_attn.ops  # noqa: F401
+    x = torch.randn(1, 9, 2, 64, device="cuda").to(torch.bfloat16)
+    cos, sin = (torch.rand(9, 2, 32, 2, device="cuda") for _ in range(2))
+    torch.library.opcheck(torch.ops.open_vc_attn.rotary_pairs_.default, (x.clone(), cos, sin))
+    torch.library.opcheck(torch.ops.open_vc_attn.rotary_pairs_out.default, (x, cos, sin, torch.empty_like(x)))
 
 
 def test_argument_rules_name_the_argument(torch):
@@ -154,16 +192,30 @@ def test_op_fakes_check_the_same_rules(torch):
             torch.ops.open_vc_attn.rotary_pairs_(x, cos[:3], cos[:3])
 
 
-def test_diffusers_tables_as_kernel_views(torch, monkeypatch):
-    """The replaced processors' table views (CPU: the kernel's device rule patched away): CogVideoX's [S, D]
-    tables (BF16 in diffusers_e2e, as the pipeline may pass them) become exact FP32 [S, H, D / 2, 2] views shared
-    by the heads; tables of another shape give None (diffusers' own function then runs)."""
+def test_diffusers_tables_as_kernel_views(torch):
+    """The replaced processors' table views: CogVideoX's per-element [S, D] tables shared by the heads, Mochi's
+    per-pair [S, H, D / 2] tables shared by a pair's two elements, as the kernel's [S, H, D / 2, 2]."""
     from open_vc_attn.integrations import _diffusers_processors as procs
-    monkeypatch.setattr(procs, "_kernel_rope_reason", lambda *tensors: None)
-    q = torch.zeros(1, 3, 5 + 7, 64, dtype=torch.bfloat16)
-    cos = torch.randn(7, 64).to(torch.bfloat16)
-    c4, s4 = procs._interleaved_tables((q,), 5, (cos, -cos))
-    assert c4.shape == (7, 3, 32, 2) and c4.dtype == torch.float32 and c4.stride()[1] == 0
-    assert torch.equal(c4[:, 2].reshape(7, 64), cos.float()) and torch.equal(s4, -c4)
-    assert procs._interleaved_tables((q,), 5, (cos[:6], cos[:6])) is None
-    assert procs._interleaved_tables((q,), 5, cos) is None
+    cos = torch.randn(7, 64)
+    v = procs.interleaved_table_view(cos, 3)
+    assert v.shape == (7, 3, 32, 2) and v.stride()[1] == 0 and torch.equal(v[:, 2].reshape(7, 64), cos)
+    fc = torch.randn(7, 3, 32)
+    w = procs.pair_table_view(fc)
+    assert w.shape == (7, 3, 32, 2) and w.stride()[3] == 0 and torch.equal(w[..., 1], fc)
+
+
+@pytest.mark.gpu
+def test_gpu_processors_take_the_kernel_only_where_its_bits_are_diffusers(torch):
+    """FP32 / BF16 tables: the kernel's FP32 views; FP64 tables (diffusers then computes in FP64), tables of another
+    shape, an FP32 x, or an expanded (self-overlapping) output: None, so the processor runs diffusers' form."""
+    from open_vc_attn.integrations import _diffusers_processors as procs
+    x = torch.zeros(1, 7, 3, 64, dtype=torch.bfloat16, device="cuda")
+    cos = torch.randn(7, 64, device="cuda")
+    view = lambda t: procs.interleaved_table_view(t, 3)
+    assert procs._rotary_tables([(x, x)], cos, cos, (7, 64), view) is not None
+    assert procs._rotary_tables([(x, x)], cos.bfloat16(), cos.bfloat16(), (7, 64), view)[0].dtype == torch.float32
+    assert procs._rotary_tables([(x, x)], cos.double(), cos.double(), (7, 64), view) is None
+    assert procs._rotary_tables([(x, x)], cos[:6], cos[:6], (7, 64), view) is None
+    assert procs._rotary_tables([(x.float(), x.float())], cos, cos, (7, 64), view) is None
+    wide = torch.zeros(1, 1, 3, 64, dtype=torch.bfloat16, device="cuda").expand(1, 7, 3, 64)
+    assert procs._rotary_tables([(x, wide)], cos, cos, (7, 64), view) is None

@@ -11,10 +11,13 @@ processors runs the original's own SDPA call: bit for bit the reference.
 
 - CogVideoX 1.0 / 1.5 (also fused QKV), ConsisID, Mochi, EasyAnimate: their processors call torch SDPA
   themselves; apply() replaces them (open_vc_attn/integrations/_diffusers_processors.py).
-- SkyReels-V2, Wan 2.2 TI2V-5B-style Wan, Wan VACE, ChronoEdit, HunyuanVideo 1.5, HunyuanVideo Framepack, Cosmos,
-  SANA-Video: through diffusers' dispatcher (the existing backend).
+- SkyReels-V2, Wan 2.2 TI2V-5B-style Wan, HunyuanVideo 1.5, Cosmos, SANA-Video: through diffusers' dispatcher (the
+  existing backend).
 - Allegro (head dim 96) and Latte (head dim 72, generic processors): apply() raises, naming the processors.
-Wan, HunyuanVideo, LTX-Video: test_integrations_diffusers.py; Motif-Video: test_diffusers_e2e_script.py.
+Wan, HunyuanVideo, LTX-Video: test_integrations_diffusers.py; Motif-Video: test_diffusers_e2e_script.py; the other
+classes: the test_integrations_diffusers_*.py files beside this one (Wan family, LTX-2 and SANA-WM, Kandinsky,
+AnyFlow and Helios, Framepack / Cosmos 3 / JoyImage, UNet-era). On the GPU (one test): the replaced processors'
+rotary embedding through openvc's kernel gives the unwrapped model's output bit for bit.
 """
 
 import pytest
@@ -213,7 +216,7 @@ def test_fallback_is_the_original_bit_for_bit(torch, ovd, policy, name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["cogvideox", "mochi", "easyanimate"])
-def test_gpu_fallback_with_the_rotary_kernel_is_the_original_bit_for_bit(torch, ovd, policy, name):
+def test_gpu_fallback_with_the_rotary_kernel_is_the_original_bit_for_bit(torch, ovd, policy, name, monkeypatch):
     """On the GPU the replaced processors rotate q and k with openvc's one-pass kernel (open_vc_attn.rotary) in
     place of diffusers' elementwise form; with a policy that sends every call to the fallback, the output is the
     unwrapped model's exactly, so the kernel's bits are diffusers' (CogVideoX 1.5's and EasyAnimate's
@@ -224,7 +227,11 @@ def test_gpu_fallback_with_the_rotary_kernel_is_the_original_bit_for_bit(torch, 
                       type(x)(cuda(t) for t in x) if isinstance(x, (tuple, list)) else x)
     model, inputs = model.cuda(), {k: cuda(v) for k, v in inputs.items()}
     ref = forward(torch, model, inputs)
+    import open_vc_attn.rotary as rotary
+    kernel, calls = rotary.rotary_pairs, []
+    monkeypatch.setattr(rotary, "rotary_pairs", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
     out = applied_forward(torch, ovd, model, inputs, small_policy(policy, 10 ** 9))
+    assert len(calls) == 4      # q and k of each of the 2 blocks went through the kernel
     assert torch.equal(out, ref)
     assert all(path == "fallback" for path, _ in ovd.stats(model))
 

@@ -173,11 +173,12 @@ def test_p_formats_match_the_extension():
 
 
 def test_importing_ops_registers_every_op():
-    """A fresh process: `import open_vc_attn.ops` alone registers all nine ops (none waits for a first call)."""
+    """A fresh process: `import open_vc_attn.ops` alone registers all eleven ops (none waits for a first call)."""
     pytest.importorskip("torch")
     code = ("import torch, open_vc_attn.ops as ops\n"
             "names = ['attention', 'prepare_fp8', 'attention_fp8', 'prepare_v_repair', 'build_v_repair',\n"
-            "         'attention_fp8_repair', 'vc_grouping', 'prepare_vc', 'attention_vc_fp8']\n"
+            "         'attention_fp8_repair', 'vc_grouping', 'prepare_vc', 'attention_vc_fp8', 'rotary_pairs_',\n"
+            "         'rotary_pairs_out']\n"
             "has = torch._C._dispatch_has_kernel_for_dispatch_key\n"
             "missing = [n for n in names if not has('open_vc_attn::' + n, 'CUDA')]\n"
             "assert not missing, missing\n"

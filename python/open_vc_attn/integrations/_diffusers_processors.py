@@ -68,21 +68,25 @@ def _rope_after_text(attn, query, key, text_len, image_rotary_emb):
     Where openvc's kernel runs (:func:`_kernel_rope_reason`), one pass per tensor with diffusers' bits
     (open_vc_attn.rotary) instead of apply_rotary_emb's eight elementwise kernels through FP32 temporaries."""
     tensors = (query,) if attn.is_cross_attention else (query, key)
-    tables = _interleaved_tables(tensors, text_len, image_rotary_emb)
+    videos = [x[:, :, text_len:].transpose(1, 2) for x in tensors]   # [B, S, H, D] views of the video rows
+    tables = None
+    if isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2:
+        _, s, h, d = videos[0].shape
+        tables = _rotary_tables([(v, v) for v in videos], *image_rotary_emb, (s, d),
+                                lambda t: interleaved_table_view(t, h))
     if tables is None:
         from diffusers.models.embeddings import apply_rotary_emb
         for x in tensors:
             x[:, :, text_len:] = apply_rotary_emb(x[:, :, text_len:], image_rotary_emb)
         return
     from ..rotary import rotary_pairs
-    for x in tensors:
-        video = x[:, :, text_len:].transpose(1, 2)   # [B, S, H, D] view of the video rows
+    for video in videos:
         rotary_pairs(video, *tables, out=video)
 
 
 def _kernel_rope_reason(*tensors):
-    """None when openvc's rotary kernel takes these tensors (BF16/FP16 on a Hopper GPU, head dim contiguous, a
-    pair in one aligned word, no autograd), else why not."""
+    """None when openvc's rotary kernel can take these tensors (BF16/FP16 CUDA tensors on a Hopper GPU, head dim
+    contiguous, a pair in one aligned word, no autograd, an extension with the kernel), else why not."""
     import torch
     from .policy import device_reason
     for t in tensors:
@@ -90,27 +94,59 @@ def _kernel_rope_reason(*tensors):
             return f"device {t.device}"
         if t.dtype not in (torch.bfloat16, torch.float16):
             return f"dtype {t.dtype}"
-        if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.storage_offset() % 2:
+        if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.data_ptr() % 4:
             return f"strides {tuple(t.stride())}, storage offset {t.storage_offset()}"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "autograd"
-    return device_reason(tensors[0].device)
+    return device_reason(tensors[0].device) or _extension_reason()
 
 
-def _interleaved_tables(tensors, text_len, freqs):
-    """diffusers' (cos, sin) [S, D] of apply_rotary_emb (use_real, unbind dim -1) as the kernel's FP32 [S, H,
-    D / 2, 2] views for the tensors [B, H, text_len + S, D]; None where the kernel does not take them or the
-    tables are of another form (diffusers' own function then runs, as in the original processor)."""
+_extension_has_rotary = None
+
+
+def _extension_reason():
+    """None when the installed extension has the rotary kernel (an older build does not), else why not."""
+    global _extension_has_rotary
+    if _extension_has_rotary is None:
+        from .. import _ext
+        try:
+            _extension_has_rotary = hasattr(_ext.load(), "RotaryPairsParams")
+        except ImportError:
+            _extension_has_rotary = False
+    return None if _extension_has_rotary else "the extension has no rotary kernel (built before it, or not built)"
+
+
+def interleaved_table_view(t, heads):
+    """diffusers' per-element [S, D] table (apply_rotary_emb, unbind dim -1) as the kernel's [S, H, D / 2, 2] view
+    (shared by the heads)."""
+    s, d = t.shape
+    return t.view(s, 1, d // 2, 2).expand(s, heads, d // 2, 2)
+
+
+def pair_table_view(t):
+    """Mochi's per-pair [S, H, D / 2] table as the kernel's [S, H, D / 2, 2] view (shared by a pair's two elements)."""
+    return t.unsqueeze(-1).expand(*t.shape, 2)
+
+
+def _rotary_tables(tensors, cos, sin, table_shape, as_pairs):
+    """The kernel's FP32 [S, H, D / 2, 2] views of (cos, sin) for the tensors, given as (x, out) pairs (x [B, S, H,
+    D]; out is x in place); as_pairs maps one table to them. None where the kernel would refuse a call or the
+    tables are of another form (the processors then run diffusers' own form)."""
     import torch
-    if not isinstance(freqs, (tuple, list)) or len(freqs) != 2 or _kernel_rope_reason(*tensors) is not None:
+    from .._checks_rotary import check_rotary_args
+    if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(table_shape) and not t.requires_grad
+               and t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in (cos, sin)):
+        return None   # (a float64 table: diffusers computes in float64, which the kernel does not)
+    flat = [t for pair in tensors for t in pair if t is not None]
+    if _kernel_rope_reason(*flat) is not None:
         return None
-    _, h, total, d = tensors[0].shape
-    cos, sin = freqs
-    if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == (total - text_len, d) and t.is_floating_point()
-               and not t.requires_grad for t in (cos, sin)) or d % 2 or d > 512:
+    tables = tuple(as_pairs(t.to(device=flat[0].device, dtype=torch.float32)) for t in (cos, sin))
+    try:
+        for x, out in tensors:
+            check_rotary_args(x, *tables, out, in_place=out is x)
+    except (TypeError, ValueError):
         return None
-    return tuple(t.to(device=tensors[0].device, dtype=torch.float32).view(total - text_len, 1, d // 2, 2)
-                 .expand(total - text_len, h, d // 2, 2) for t in (cos, sin))
+    return tables
 
 
 def _bhsd_to_bshd(*tensors):
@@ -272,14 +308,11 @@ def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
     """diffusers 0.42.1 MochiAttnProcessor2_0's rotary embedding (interleaved pairs, FP32 math), the same values
     written into ``out`` ([B, S, H, D], a slice of a joint buffer) and returned: with openvc's kernel where it
     runs (one pass, the same bits: open_vc_attn.rotary), else with diffusers' elementwise math."""
-    pair_shape = (*x.shape[1:3], x.shape[3] // 2)
-    if _kernel_rope_reason(x, out) is None and x.shape[3] % 2 == 0 and x.shape[3] <= 512 and all(
-            isinstance(t, torch.Tensor) and tuple(t.shape) == pair_shape and t.is_floating_point()
-            and not t.requires_grad for t in (freqs_cos, freqs_sin)):
+    s, h, d = x.shape[1], x.shape[2], x.shape[3]
+    tables = _rotary_tables([(x, out)], freqs_cos, freqs_sin, (s, h, d // 2), pair_table_view) if d % 2 == 0 else None
+    if tables is not None:
         from ..rotary import rotary_pairs
-        cos, sin = (t.to(device=x.device, dtype=torch.float32).unsqueeze(-1).expand(*pair_shape, 2)
-                    for t in (freqs_cos, freqs_sin))
-        return rotary_pairs(x, cos, sin, out=out)
+        return rotary_pairs(x, *tables, out=out)
     x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
     cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
     sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)

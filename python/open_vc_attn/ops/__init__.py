@@ -26,7 +26,7 @@ import torch
 from . import call, direct, fp8, repair, rotary, vc  # noqa: F401  (registers the ops; direct.run: api's eager calls)
 
 __all__ = ["attention_op", "prepare_fp8_op", "attention_fp8_op", "prepare_v_repair_op", "build_v_repair_op",
-           "attention_fp8_repair_op", "vc_grouping_op", "prepare_vc_op", "attention_vc_fp8_op", "rotary_pairs_op",
+           "attention_fp8_repair_op", "vc_grouping_op", "prepare_vc_op", "attention_vc_fp8_op", "rotary_pairs__op",
            "rotary_pairs_out_op"]
 
 _ops = torch.ops.open_vc_attn
@@ -39,5 +39,5 @@ attention_fp8_repair_op = _ops.attention_fp8_repair.default
 vc_grouping_op = _ops.vc_grouping.default
 prepare_vc_op = _ops.prepare_vc.default
 attention_vc_fp8_op = _ops.attention_vc_fp8.default
-rotary_pairs_op = _ops.rotary_pairs_.default
+rotary_pairs__op = _ops.rotary_pairs_.default   # <op name>_op, as the others
 rotary_pairs_out_op = _ops.rotary_pairs_out.default

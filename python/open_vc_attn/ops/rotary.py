@@ -19,7 +19,7 @@ _OUT_SCHEMA = "(Tensor x, Tensor cos, Tensor sin, Tensor(a!) out) -> ()"
 
 def _launch(x, cos, sin, out):
     dev.launch_checks(x.device, ())
-    check_rotary_pointers(x, out)
+    check_rotary_pointers(x, None if out is x else out)
     b, s, h, d = (int(n) for n in x.shape)
     ext = _ext.load()
     view = dev.token_view(x)
@@ -35,13 +35,13 @@ def _launch(x, cos, sin, out):
 @torch.library.custom_op("open_vc_attn::rotary_pairs_", mutates_args=("x",), device_types="cuda",
                          schema=_INPLACE_SCHEMA)
 def _rotary_pairs_(x, cos, sin):
-    check_rotary_args(x, cos, sin)
+    check_rotary_args(x, cos, sin, in_place=True)
     _launch(x, cos, sin, x)
 
 
 @_rotary_pairs_.register_fake
 def _rotary_pairs_fake_(x, cos, sin):
-    check_rotary_args(x, cos, sin)
+    check_rotary_args(x, cos, sin, in_place=True)
 
 
 @torch.library.custom_op("open_vc_attn::rotary_pairs_out", mutates_args=("out",), device_types="cuda",
