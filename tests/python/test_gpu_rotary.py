@@ -94,12 +94,12 @@ def test_gpu_new_output_empty_input_and_compile(torch):
     compiled = torch.compile(f, fullgraph=True)
     assert same_bits(torch, compiled(x), eager)
 
-    def g(a):   # the processors' form: in place on a transposed slice of an intermediate [B, H, 1 + S, D]
+    def roped_slice(a):   # the processors' form: in place on a transposed slice of an intermediate [B, H, 1 + S, D]
         y = torch.cat([torch.zeros_like(a[:, :1]), a], 1).transpose(1, 2).contiguous()
         v = y[:, :, 1:].transpose(1, 2)
         rotary_pairs(v, cos, sin, out=v)
         return y
-    in_place = torch.compile(g, fullgraph=True)(x)
+    in_place = torch.compile(roped_slice, fullgraph=True)(x)
     assert same_bits(torch, in_place[:, :, 1:].transpose(1, 2), eager) and not in_place[:, :, 0].any()
 
     static_x, static_out = x.clone(), torch.empty_like(x)
