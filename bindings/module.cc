@@ -2,7 +2,8 @@
 // docs/numerics.md (numpy in, numpy out; argument checks with readable messages live in
 // open_vc_attn/reference.py, long calls drop the GIL); the GPU entry points and their parameter
 // structs are registered by register_gpu (gpu.cc), register_gpu_call (gpu_call.cc), register_vc
-// (gpu_vc.cc), register_repair (gpu_repair.cc) and register_rotary (gpu_rotary.cc). A non-ok Status becomes ValueError (InvalidArgument) or RuntimeError (util.h).
+// (gpu_vc.cc), register_repair (gpu_repair.cc) and register_rotary (gpu_rotary.cc). A non-ok Status
+// becomes ValueError (InvalidArgument) or RuntimeError (util.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>

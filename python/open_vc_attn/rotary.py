@@ -5,8 +5,8 @@ elementwise kernels through FP32 temporaries (diffusers' ``apply_rotary_emb`` wi
 ``use_real_unbind_dim=-1``: CogVideoX, EasyAnimate, Flux; Mochi's processor). :func:`rotary_pairs` reads x
 and the tables once and writes once, with the bits of that eager form: each product and the sum rounded to
 FP32 as separate kernels round them, then to x's dtype (torch.compile may fuse the framework's form into
-multiply-adds, whose bits differ; FP16 results past its range are inf, as in the framework's form). The diffusers integration uses it in the processors it
-replaces. Importing this module does not import torch.
+multiply-adds, whose bits differ; FP16 results past its range are inf, as in the framework's form). The
+diffusers integration uses it in the processors it replaces. Importing this module does not import torch.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ def rotary_pairs(x, cos, sin, *, out=None):
 
     out: None (a new tensor like x), x itself (the same tensor object: in place), or a tensor of x's shape
     and dtype that does not overlap x (e.g. a slice of a joint buffer; another view of x's memory raises), no
-    element of the written tensor stored twice (an expanded view raises). Returns out. Enqueued on the current stream, no
-    synchronization; inference only (no autograd). Needs the package's GPU build and a Hopper GPU, like
-    the attention functions.
+    element of the written tensor stored twice (an expanded view raises). Returns out. Enqueued on the current
+    stream, no synchronization; inference only (no autograd). Needs the package's GPU build and a Hopper GPU,
+    like the attention functions.
     """
     torch = import_torch()
     from .ops import rotary as _rotary_ops  # noqa: F401  (registers the ops)

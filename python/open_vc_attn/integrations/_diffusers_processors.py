@@ -85,17 +85,14 @@ def _rope_after_text(attn, query, key, text_len, image_rotary_emb):
 
 
 def _kernel_rope_reason(*tensors):
-    """None when openvc's rotary kernel can take these tensors (BF16/FP16 CUDA tensors on a Hopper GPU, head dim
-    contiguous, a pair in one aligned word, no autograd, an extension with the kernel), else why not."""
+    """None when openvc's rotary kernel runs here for these tensors (CUDA tensors on a Hopper GPU, no autograd, an
+    extension with the kernel), else why not. The call's own rules (dtype, strides, alignment, overlap) are
+    open_vc_attn._checks_rotary's, which :func:`_rotary_tables` runs."""
     import torch
     from .policy import device_reason
     for t in tensors:
         if t.device.type != "cuda":
             return f"device {t.device}"
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            return f"dtype {t.dtype}"
-        if t.stride(-1) != 1 or any(st % 2 for st in t.stride()[:-1]) or t.data_ptr() % 4:
-            return f"strides {tuple(t.stride())}, storage offset {t.storage_offset()}"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "autograd"
     return device_reason(tensors[0].device) or _extension_reason()
@@ -133,17 +130,18 @@ def _rotary_tables(tensors, cos, sin, table_shape, as_pairs):
     D]; out is x in place); as_pairs maps one table to them. None where the kernel would refuse a call or the
     tables are of another form (the processors then run diffusers' own form)."""
     import torch
-    from .._checks_rotary import check_rotary_args
+    from .._checks_rotary import check_rotary_args, check_rotary_pointers
     if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(table_shape) and not t.requires_grad
                and t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in (cos, sin)):
         return None   # (a float64 table: diffusers computes in float64, which the kernel does not)
-    flat = [t for pair in tensors for t in pair if t is not None]
+    flat = [t for pair in tensors for t in pair]
     if _kernel_rope_reason(*flat) is not None:
         return None
     tables = tuple(as_pairs(t.to(device=flat[0].device, dtype=torch.float32)) for t in (cos, sin))
-    try:
+    try:   # the rules the call itself would apply: diffusers' form instead of an error inside the forward
         for x, out in tensors:
             check_rotary_args(x, *tables, out, in_place=out is x)
+            check_rotary_pointers(x, None if out is x else out)
     except (TypeError, ValueError):
         return None
     return tables
@@ -309,7 +307,7 @@ def _mochi_rope(torch, x, freqs_cos, freqs_sin, out):
     written into ``out`` ([B, S, H, D], a slice of a joint buffer) and returned: with openvc's kernel where it
     runs (one pass, the same bits: open_vc_attn.rotary), else with diffusers' elementwise math."""
     s, h, d = x.shape[1], x.shape[2], x.shape[3]
-    tables = _rotary_tables([(x, out)], freqs_cos, freqs_sin, (s, h, d // 2), pair_table_view) if d % 2 == 0 else None
+    tables = _rotary_tables([(x, out)], freqs_cos, freqs_sin, (s, h, d // 2), pair_table_view)
     if tables is not None:
         from ..rotary import rotary_pairs
         return rotary_pairs(x, *tables, out=out)

@@ -22,13 +22,12 @@ def _launch(x, cos, sin, out):
     check_rotary_pointers(x, None if out is x else out)
     b, s, h, d = (int(n) for n in x.shape)
     ext = _ext.load()
-    view = dev.token_view(x)
+    o = dev.token_view(out)   # (its strides, size-1 dims' as 0, as x's)
     ts = [st if n > 1 else 0 for n, st in zip(cos.shape, cos.stride())]
-    p = dev.params(ext.RotaryPairsParams, dtype=dev.dtype_of(x), batch=b, seqlen=s, heads=h, head_dim=d, x=view,
-                   out=out.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(), table_stride_seq=ts[0],
+    p = dev.params(ext.RotaryPairsParams, dtype=dev.dtype_of(x), batch=b, seqlen=s, heads=h, head_dim=d,
+                   x=dev.token_view(x), out=o.data, out_stride_batch=o.stride_batch, out_stride_seq=o.stride_seq,
+                   out_stride_head=o.stride_head, cos=cos.data_ptr(), sin=sin.data_ptr(), table_stride_seq=ts[0],
                    table_stride_head=ts[1], table_stride_pair=ts[2], table_stride_half=ts[3])
-    p.out_stride_batch, p.out_stride_seq, p.out_stride_head = (st if n > 1 else 0
-                                                               for n, st in zip(out.shape[:3], out.stride()[:3]))
     dev.enqueue(ext.rotary_pairs, p, x.device)
 
 
