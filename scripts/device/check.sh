@@ -25,7 +25,8 @@
 #   profile           Nsight Compute profile of the production kernel (S = 32,768, H = 7): ncu_details.txt
 #                     and the per-instruction CSV ncu_source.csv (read it with scripts/profile_summary.py).
 #   profile-cross     the same for one text cross-attention call (scripts/device/cross_call.py: 32,760 queries x 512
-#                     keys, H = 40; issue 28), with the installed package: ncu_cross_details.txt, ncu_cross_source.csv.
+#                     keys, H = 40; issue 28), with the installed package: ncu_cross_details.txt, ncu_cross_source.csv
+#                     ($CROSS_CALL_ARGS appended, e.g. "--complete": the one-call path's kernel, Q quantized in it).
 #   pytest            the Python tests against the installed package ($PYTEST_ARGS, default tests/python).
 #   smoke             open-vc-attn-check --smoke.
 #   bench PRESET      open-vc-attn-bench --preset PRESET with the options below, then open-vc-attn-report;
@@ -223,7 +224,8 @@ step_profile() { (cpp_env; ncu_profile "" 0 "$KERNEL_BENCH" 32768 7 1 1 4); }
 # The second attention_fp8 launch of scripts/device/cross_call.py (the installed package).
 step_profile_cross() {
   step_install || return 1
-  (cd /tmp && ncu_profile _cross 1 "$PY" "$REPO/scripts/device/cross_call.py")
+  # shellcheck disable=SC2086 (word splitting of the arguments is meant)
+  (cd /tmp && ncu_profile _cross 1 "$PY" "$REPO/scripts/device/cross_call.py" ${CROSS_CALL_ARGS:-})
 }
 
 # ---- Python steps (the installed package; run from /tmp so that the source tree is not imported) -----------
