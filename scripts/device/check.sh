@@ -221,7 +221,8 @@ ncu_profile() {
 
 step_profile() { (cpp_env; ncu_profile "" 0 "$KERNEL_BENCH" 32768 7 1 1 4); }
 
-# The second attention_fp8 launch of scripts/device/cross_call.py (the installed package).
+# The second attention kernel launch of scripts/device/cross_call.py (the installed package; attention_fp8, or
+# the one-call attention() with CROSS_CALL_ARGS=--complete).
 step_profile_cross() {
   step_install || return 1
   # shellcheck disable=SC2086 (word splitting of the arguments is meant)

@@ -22,15 +22,14 @@ def main(argv=None):
     q = torch.randn(1, args.sq, args.heads, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(1, args.sk, args.heads, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     if args.complete:
-        for _ in range(args.calls):
-            ova.attention(q, k, v)
+        name, call = "attention", lambda: ova.attention(q, k, v)
     else:
         prepared = ova.prepare_fp8(q, k, v)
-        for _ in range(args.calls):
-            ova.attention_fp8(prepared)
+        name, call = "attention_fp8", lambda: ova.attention_fp8(prepared)
+    for _ in range(args.calls):
+        call()
     torch.cuda.synchronize()
-    print(f"cross_call: {args.calls} {'attention' if args.complete else 'attention_fp8'} calls, Sq {args.sq}, "
-          f"Sk {args.sk}, H {args.heads}")
+    print(f"cross_call: {args.calls} {name} calls, Sq {args.sq}, Sk {args.sk}, H {args.heads}")
 
 
 if __name__ == "__main__":
