@@ -5,6 +5,8 @@
 //        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys]
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
+// OPENVC_BENCH_SK=N: N keys per sequence (N < S: text cross-attention, e.g. 512); the default path and the
+// variants take it (the int8, repair and prev paths assume Sk = S).
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -16,12 +18,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "openvc/attention.h"
 #ifdef OPENVC_BENCH_VARIANTS
-#include <string>
-
 #include "attention/sm90/kernel_launch.cuh"
 #ifdef OPENVC_BENCH_PREV
 #include "attention/sm90prev/kernel_launch.cuh"   // scripts/prev_kernel.sh: an earlier commit's kernel
@@ -179,6 +180,14 @@ int main(int argc, char** argv) {
   // OPENVC_BENCH_HEAD_DIM=64 times the head-dim-64 mode (the probes below are built for 128 only).
   const char* d_env = std::getenv("OPENVC_BENCH_HEAD_DIM");
   const int D = d_env != nullptr ? std::atoi(d_env) : openvc::kHeadDim;
+  // OPENVC_BENCH_SK: keys per sequence when fewer than the S queries (text cross-attention, e.g. 512); the K and
+  // V buffers keep S rows, of which the first Sk are keys.
+  const char* sk_env = std::getenv("OPENVC_BENCH_SK");
+  const int Sk = sk_env != nullptr ? std::min(std::atoi(sk_env), S) : S;
+  if (Sk < 1 || (Sk != S && argc > 6 && std::string(argv[6]) != "variants")) {
+    std::fprintf(stderr, "OPENVC_BENCH_SK: 1..S keys, with the default path or \"variants\" only\n");
+    return 1;
+  }
   const size_t n = size_t(B) * S * H * D;
   const int64_t sp = openvc::packed_seqlen_k(S), nb = openvc::num_quant_blocks(S);
   __nv_bfloat16 *q, *k, *v, *out;
@@ -204,14 +213,14 @@ int main(int argc, char** argv) {
 
   openvc::PrepareParams pp;
   pp.dtype = openvc::DType::kBFloat16;
-  pp.batch = B, pp.seqlen_q = S, pp.seqlen_k = S, pp.heads = H, pp.head_dim = D;
+  pp.batch = B, pp.seqlen_q = S, pp.seqlen_k = Sk, pp.heads = H, pp.head_dim = D;
   const openvc::TokenTensorView view{nullptr, int64_t(S) * H * D, int64_t(H) * D, D};
   pp.q = view, pp.k = view, pp.v = view;
   pp.q.data = q, pp.k.data = k, pp.v.data = v;
   pp.q_codes = qc, pp.q_descale = qs, pp.k_codes = kc, pp.k_descale = ks, pp.v_packed = vp, pp.v_descale = vs;
   pp.workspace = ws, pp.workspace_bytes = wsb;
   openvc::AttentionParams ap;
-  ap.in = {B, S, S, H, D, qc, qs, kc, ks, vp, vs};
+  ap.in = {B, S, Sk, H, D, qc, qs, kc, ks, vp, vs};
   ap.out = out;
   ap.out_stride_batch = int64_t(S) * H * D, ap.out_stride_seq = int64_t(H) * D, ap.out_stride_head = D;
   ap.mid_window_blocks = window;
@@ -221,14 +230,14 @@ int main(int argc, char** argv) {
   CHECK_OK(openvc::prepare_fp8(pp, s));
   CHECK_OK(openvc::attention_fp8(ap, s));
   CHECK_CUDA(cudaStreamSynchronize(s));
-  const int reps = std::max(1, int(2e13 / (4.0 * S * S * H * D * B)));  // ~20 ms of work per replay
+  const int reps = std::max(1, int(2e13 / (4.0 * S * Sk * H * D * B)));  // ~20 ms of work per replay
   const float t_prep = graph_median_ms([&] { CHECK_OK(openvc::prepare_fp8(pp, s)); }, s, rounds, reps);
   const float t_attn = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
   const float t_full = graph_median_ms([&] {
     CHECK_OK(openvc::prepare_fp8(pp, s));
     CHECK_OK(openvc::attention_fp8(ap, s));
   }, s, rounds, reps);
-  const double flop = 4.0 * B * H * double(S) * S * D;
+  const double flop = 4.0 * B * H * double(S) * Sk * D;
   // Device copy bandwidth (bytes read + written) on a buffer the size of Q, and the
   // bytes preparation must move: Q and K read (2 B) and written (1 B) once, V read twice (amax, then
   // cast) and written once: 11 bytes per element.
@@ -239,6 +248,7 @@ int main(int argc, char** argv) {
   }, s, rounds, 4);
   const double copy_gbs = 2.0 * n * 2 / (t_copy * 1e6);
   const double prep_gbs = 11.0 * n / (t_prep * 1e6);
+  if (Sk != S) std::printf("Sk=%d keys: ", Sk);
   std::printf("S=%d H=%d B=%d w=%d: attention %.3f ms %.1f TFLOP/s | prepare %.3f ms (%.0f GB/s = %.0f%% of copy "
               "%.0f GB/s) | complete %.3f ms (+%.2f%% over attention)\n",
               S, H, B, window, t_attn, flop / t_attn * 1e-9, t_prep, prep_gbs, 100.0 * prep_gbs / copy_gbs, copy_gbs,
