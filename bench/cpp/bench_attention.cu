@@ -240,14 +240,14 @@ int main(int argc, char** argv) {
   const double flop = 4.0 * B * H * double(S) * Sk * D;
   // Device copy bandwidth (bytes read + written) on a buffer the size of Q, and the
   // bytes preparation must move: Q and K read (2 B) and written (1 B) once, V read twice (amax, then
-  // cast) and written once: 11 bytes per element.
+  // cast) and written once: 11 bytes per element when Sk = S.
   int sms = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const float t_copy = graph_median_ms([&] {
     copy_kernel<<<sms * 8, 256, 0, s>>>(reinterpret_cast<const uint4*>(q), reinterpret_cast<uint4*>(out), n * 2 / 16);
   }, s, rounds, 4);
   const double copy_gbs = 2.0 * n * 2 / (t_copy * 1e6);
-  const double prep_gbs = 11.0 * n / (t_prep * 1e6);
+  const double prep_gbs = (3.0 * n + 8.0 * double(n) * Sk / S) / (t_prep * 1e6);   // K and V: Sk of the S rows
   if (Sk != S) std::printf("Sk=%d keys: ", Sk);
   std::printf("S=%d H=%d B=%d w=%d: attention %.3f ms %.1f TFLOP/s | prepare %.3f ms (%.0f GB/s = %.0f%% of copy "
               "%.0f GB/s) | complete %.3f ms (+%.2f%% over attention)\n",
