@@ -466,6 +466,8 @@ int main(int argc, char** argv) {
         {"ping-pong ordering", launch_kernel<kPlainMode, kPingPong>},
         {"float row max (FMNMX)", launch_kernel<kPlainMode, kFloatMax>},
         {"ping-pong + float max (before)", launch_kernel<kPlainMode, kPingPong | kFloatMax>},
+        // the two orders that pay at 512 keys (OPENVC_BENCH_SK=512), together
+        {"ping-pong + fp32 accumulate every tile", launch_kernel<kPlainMode, kPingPong | kFlushEvery1>},
         {"general loop (no specialized steps)", launch_kernel<kPlainMode, kGeneralLoop>},
         {"skip max", launch_kernel<kPlainMode, kSkipMax>},
         {"skip convert", launch_kernel<kPlainMode, kSkipConvert>},
