@@ -183,8 +183,8 @@ int main(int argc, char** argv) {
   // OPENVC_BENCH_SK: keys per sequence when fewer than the S queries (text cross-attention, e.g. 512); the K and
   // V buffers keep S rows, of which the first Sk are keys.
   const char* sk_env = std::getenv("OPENVC_BENCH_SK");
-  const int Sk = sk_env != nullptr ? std::min(std::atoi(sk_env), S) : S;
-  if (Sk < 1 || (Sk != S && argc > 6 && std::string(argv[6]) != "variants")) {
+  const int Sk = sk_env != nullptr ? std::atoi(sk_env) : S;
+  if (Sk < 1 || Sk > S || (Sk != S && argc > 6 && std::string(argv[6]) != "variants")) {
     std::fprintf(stderr, "OPENVC_BENCH_SK: 1..S keys, with the default path or \"variants\" only\n");
     return 1;
   }
