@@ -16,6 +16,11 @@ inline constexpr int kConsumerRegs = 240;
 // Tiles whose PV products share one tensor-core accumulator before it is added into FP32 registers
 // (and at every rescale): 2 halves the FP32 adds; 8 k32 steps stay well inside FP8 accumulation.
 inline constexpr int kFlushTiles = 2;
+// Batched E4M3 calls whose tiles have at most this many key blocks run the few-keys mode (mode.h,
+// kFewKeysMode: consumers in ping-pong): there the pipeline's fill and drain per query tile, not the softmax,
+// set the time. Measured per key count (kernel, 32,760 queries, H = 40): 1.7-6.4% faster at 2-5 blocks, 0.8-2.1%
+// at 6, none at 7-8 (docs/performance.md, fourteenth session).
+inline constexpr int kFewKeyBlocks = 6;
 
 template <int kD>
 struct TileConfig {

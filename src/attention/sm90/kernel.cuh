@@ -63,6 +63,8 @@ struct alignas(1024) SharedStorage {
                     !has_mode<kMode>(Mode(kVcMode | kRepairMode | kVarlenMode | kInt8QkMode | kExp2PMode |
                                           kBlockListMode | kVBlockDescaleMode | kChunkedCausalMode)),
                 "Q is quantized in the kernel for batched E4M3 calls, plain or causal, only");
+  static_assert(!has_mode<kMode>(kFewKeysMode) || (kMode & ~(kFewKeysMode | kFusedQMode)) == 0,
+                "the few-keys mode is built for batched E4M3 head dim 128 calls, plain or with Q quantized here");
   // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
   // rows as the TMA brings them (dense rows), and the consumer warps' partial maxima of the tile.
   static constexpr int kQStageBytes = has_mode<kMode>(kFusedQMode) ? C::kBlockM * C::kHeadDim * 2 : 16;
@@ -318,8 +320,10 @@ __device__ __forceinline__ void step_group(Step& step, int i) {
   step_group_impl<kGroup, kNeverFlush>(step, i, std::make_index_sequence<kGroup>{});
 }
 
-// Ping-pong probe: warpgroup wg issues its tensor-core work after the other one has issued its own.
-// Measured 1-3% slower than letting both issue freely once the row max was cheap, so it is a probe.
+// Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own. The few-keys
+// mode's order (tiles of at most kFewKeyBlocks key blocks, whose tile boundary is a large part of their time:
+// one warpgroup's softmax and epilogue then run under the other's products); elsewhere measured 1-3% slower
+// than letting both issue freely once the row max was cheap, so there it is a probe (kPingPong).
 template <bool kOn>
 struct IssueOrder {
   int mine, other;
@@ -347,11 +351,12 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kVScale = has_mode<kMode>(kVBlockDescaleMode);   // V descale per key block
   constexpr bool kFlushEach = kVc;   // every tile's product flushed on its own (VC: each block's mean)
   constexpr bool kFusedQ = has_mode<kMode>(kFusedQMode);   // Q quantized here (fused_q.cuh)
+  constexpr bool kFewKeys = has_mode<kMode>(kFewKeysMode);   // consumers in ping-pong (mode.h)
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
   const int row_base = 64 * wg + 16 * warp_in_wg;
-  const IssueOrder<(kProbe & kPingPong) != 0> issue_order(wg);
+  const IssueOrder<kFewKeys || (kProbe & kPingPong) != 0> issue_order(wg);
 
   using C = ModeConfig<kMode>;
   constexpr int kD = C::kHeadDim;

@@ -62,6 +62,13 @@ enum Mode : int {
   // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. Batched E4M3 calls,
   // plain or causal, head dim 128 or 64.
   kFusedQMode = 1024,
+  // Few key blocks (chosen on the host for batched E4M3 calls with at most kFewKeyBlocks key blocks per tile,
+  // config.h; plain or with kFusedQMode, head dim 128): the consumers take turns issuing tensor-core work (named
+  // barriers; IssueOrder in kernel.cuh), so that one warpgroup's softmax and tile boundary run under the other's
+  // products: with a few blocks the tile boundary is a large part of a tile's time. The plain mode's arithmetic and
+  // order, so its bits (the varlen, block-list and repair modes give the same bits for the same keys, which a
+  // flush every tile, 3% faster at 512 keys, would break).
+  kFewKeysMode = 2048,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -115,6 +122,8 @@ inline constexpr int kProductionModes[] = {
     kFusedQMode | kCausalMode,
     kFusedQMode | kHeadDim64Mode,
     kFusedQMode | kHeadDim64Mode | kCausalMode,
+    kFewKeysMode,
+    kFewKeysMode | kFusedQMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -148,7 +157,8 @@ inline std::string mode_name(int mode) {
       {kVcMode, "vc"}, {kRepairMode, "repair"}, {kCausalMode, "causal"}, {kVarlenMode, "varlen"},
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
       {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"},
-      {kChunkedCausalMode, "chunked"}, {kFusedQMode, "fused_q"}};
+      {kChunkedCausalMode, "chunked"}, {kFusedQMode, "fused_q"},
+      {kFewKeysMode, "few_keys"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;
