@@ -349,9 +349,20 @@ int main(int argc, char** argv) {
           {"int8 exp2", [&] { return launch_kernel<kX8, kNoProbe>(p8x, s); }, 2},
           {"int8 ping-pong", [&] { return launch_kernel<kI8, kPingPong>(p8, s); }, 2},
           {"int8 exp2 ping-pong", [&] { return launch_kernel<kX8, kPingPong>(p8x, s); }, 4},
+          // kPolyQuarter / kPolyHalf: exp2 P with a quarter / half of the scores coded on the FMA pipe (the corrected
+          // ExpCast code) instead of MUFU ex2, against INT8 ExpCast
+          {"int8 exp2 poly 1/4", [&] { return launch_kernel<kX8, kPolyQuarter>(p8x, s); }, 2},
+          {"int8 exp2 poly 1/2", [&] { return launch_kernel<kX8, kPolyHalf>(p8x, s); }, 2},
+          // ... the correction in f16x2 (two scores per instruction)
+          {"int8 exp2 f16 poly 1/4", [&] { return launch_kernel<kX8, kPolyQuarter | kPolyF16>(p8x, s); }, 2},
+          {"int8 exp2 f16 poly 1/2", [&] { return launch_kernel<kX8, kPolyHalf | kPolyF16>(p8x, s); }, 2},
+          {"int8 exp2 f16 poly 3/4", [&] { return launch_kernel<kX8, kPolyHalf | kPolyQuarter | kPolyF16>(p8x, s); }, 2},
+          {"int8 exp2 f16 poly all", [&] { return launch_kernel<kX8, kCorrectedExpCast | kPolyF16>(p8x, s); }, 2},
+          {"int8 exp2 f16 1/2 ping-pong", [&] { return launch_kernel<kX8, kPolyHalf | kPolyF16 | kPingPong>(p8x, s); }, 2},
       };
       constexpr int kE = int(sizeof(entries) / sizeof(entries[0]));
       double err[kE];
+      std::vector<__nv_bfloat16> outs[kE];   // each entry's output (B = 1): same-result probes equal their base
       std::vector<__nv_bfloat16> hq(B == 1 ? n : 0), hk(hq.size()), hv(hq.size()), ho(hq.size());
       if (B == 1) {
         CHECK_CUDA(cudaMemcpy(hq.data(), q, n * 2, cudaMemcpyDeviceToHost));
@@ -366,6 +377,7 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaMemcpyAsync(ho.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
         CHECK_CUDA(cudaStreamSynchronize(s));
         err[e] = sampled_rel_l2(hq, hk, hv, ho, S, H, D, 64);
+        outs[e] = ho;
       }
       std::vector<std::vector<float>> ratio(kE);
       for (int r = 0; r < rounds; ++r) {
@@ -376,8 +388,13 @@ int main(int argc, char** argv) {
       }
       for (int e = 0; e < kE; ++e) {
         std::sort(ratio[e].begin(), ratio[e].end());
-        std::printf("  probe %-20s rel L2 vs exact %.4f | time vs %s %+.2f%% (paired median of %d)\n", entries[e].name,
-                    err[e], entries[entries[e].base].name, 100.0 * (ratio[e][rounds / 2] - 1.0), rounds);
+        size_t differ = 0;
+        const std::vector<__nv_bfloat16>& o = outs[e];
+        const std::vector<__nv_bfloat16>& ob = outs[entries[e].base];
+        for (size_t i = 0; i < o.size(); ++i) differ += std::memcmp(&o[i], &ob[i], 2) != 0;
+        std::printf("  probe %-30s rel L2 vs exact %.4f | time vs %s %+.2f%% (paired median of %d) | %zu outputs "
+                    "differ from it\n", entries[e].name, err[e], entries[entries[e].base].name,
+                    100.0 * (ratio[e][rounds / 2] - 1.0), rounds, differ);
       }
     }
 #endif

@@ -50,6 +50,27 @@ __device__ __forceinline__ uint32_t corrected_pair(float s0, float s1, float a, 
   return h;
 }
 
+// The same correction in f16x2 (probe kPolyF16): two scores per instruction. x0, x1 in code units (not scaled),
+// bias 120; satfinite keeps far keys finite (they code 0). t = the nearest multiple of 8 codes (12288 has f16
+// spacing 8), d = x - t, then relu(x + |d| (k/8 |d| - k)), rounded to an integer by adding 1024 (f16 spacing 1):
+// the low byte of each half is the code. f16 resolves x to 1/16 code (1/32 below 64), so a code can differ from the
+// FP32 form where x lies that close to a rounding boundary.
+__device__ __forceinline__ uint32_t corrected_pair_f16(float x0, float x1) {
+  uint32_t r;
+  asm("{\n\t.reg .b32 h, t, d;\n\t"
+      "cvt.rn.satfinite.f16x2.f32 h, %2, %1;\n\t"
+      "add.rn.f16x2 t, h, %3;\n\t"
+      "sub.rn.f16x2 t, t, %3;\n\t"
+      "sub.rn.f16x2 d, h, t;\n\t"
+      "abs.f16x2 d, d;\n\t"
+      "fma.rn.f16x2 t, d, %4, %5;\n\t"
+      "fma.rn.relu.f16x2 t, t, d, h;\n\t"
+      "add.rn.f16x2 %0, t, %6;\n\t}"
+      : "=r"(r)
+      : "f"(x0), "f"(x1), "r"(0x72007200u), "r"(0x297D297Du), "r"(0xB57DB57Du), "r"(0x64006400u));
+  return r;
+}
+
 // As expcast_pair with one multiplier per score (repair tiles: every repair key keeps its own block's
 // K descale, so a = qscale * descale_k varies along the row).
 __device__ __forceinline__ uint32_t expcast_pair2(float s0, float s1, float a0, float a1, float b) {

@@ -265,6 +265,45 @@ __device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult
       [](uint16_t lo, uint16_t hi) { return pack_code_pairs(lo, hi); }, p);
 }
 
+// Probes kPolyQuarter / kPolyHalf (exp2 mode): the last kPolyGroups key groups (of 4 per thread, 32 keys each)
+// take the corrected ExpCast code (expcast.cuh, corrected_code: FMA pipe, E4M3 rounding of the exact exponential
+// for ~98% of scores), the others MUFU ex2 as convert_tile_exp2; the same registers and key order. m_lo / m_hi:
+// the rows' maxima (scaled code units). Both codes are 256 (0x78) at the max.
+template <bool kMagic, int kPolyGroups, bool kF16>
+__device__ __forceinline__ void convert_tile_mixed(const float (&s)[64], QuadMult a, float m_lo, float m_hi,
+                                                   uint32_t (&p)[16]) {
+  const QuadMult a2 = a * kMaxToLog2;
+  const float b2_lo = 8.0f - m_lo * kMaxToLog2, b2_hi = 8.0f - m_hi * kMaxToLog2;
+  // kF16: the f16x2 form takes unscaled code units (a' 2^24, 120 - M' 2^24; exact scalings).
+  const float bc_lo = kF16 ? 120.0f - m_lo * 0x1p24f : kCorrectBiasScaled - m_lo;
+  const float bc_hi = kF16 ? 120.0f - m_hi * 0x1p24f : kCorrectBiasScaled - m_hi;
+  auto x = [](float v) { return int8_score<kMagic>(v); };
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+    if (kb < 4 - kPolyGroups) {
+      const float a_lo = group_mult_lo(a2, kb), a_hi = group_mult_hi(a2, kb);
+      auto e = [&](int c, float a_, float b_) {
+        return exp2_pair(fmaf(x(s[c]), a_, b_), fmaf(x(s[c + 1]), a_, b_));
+      };
+      p[4 * kb + 0] = pack_code_pairs(e(c0 + 0, a_lo, b2_lo), e(c1 + 0, a_lo, b2_lo));
+      p[4 * kb + 1] = pack_code_pairs(e(c0 + 2, a_hi, b2_hi), e(c1 + 2, a_hi, b2_hi));
+      p[4 * kb + 2] = pack_code_pairs(e(c2 + 0, a_lo, b2_lo), e(c3 + 0, a_lo, b2_lo));
+      p[4 * kb + 3] = pack_code_pairs(e(c2 + 2, a_hi, b2_hi), e(c3 + 2, a_hi, b2_hi));
+    } else {
+      const float a_lo = group_mult_lo(a, kb) * (kF16 ? 0x1p24f : 1.0f), a_hi = group_mult_hi(a, kb) * (kF16 ? 0x1p24f : 1.0f);
+      auto e = [&](int c, float a_, float b_) {
+        if constexpr (kF16) return corrected_pair_f16(fmaf(x(s[c]), a_, b_), fmaf(x(s[c + 1]), a_, b_));
+        else return corrected_pair(x(s[c]), x(s[c + 1]), a_, b_);
+      };
+      p[4 * kb + 0] = pack_codes(e(c0 + 0, a_lo, bc_lo), e(c1 + 0, a_lo, bc_lo));
+      p[4 * kb + 1] = pack_codes(e(c0 + 2, a_hi, bc_hi), e(c1 + 2, a_hi, bc_hi));
+      p[4 * kb + 2] = pack_codes(e(c2 + 0, a_lo, bc_lo), e(c3 + 0, a_lo, bc_lo));
+      p[4 * kb + 3] = pack_codes(e(c2 + 2, a_hi, bc_hi), e(c3 + 2, a_hi, bc_hi));
+    }
+  }
+}
+
 // Codes of a repair tile against the final max: the same FMA with each key's own multiplier
 // qscale * descale_k (kd: the tile's 128 per-row descales), then padded rows cleared.
 __device__ __forceinline__ void convert_repair_tile(const float (&s)[64], float qscale, const float* kd, int valid,
@@ -326,42 +365,54 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockM
   }
 }
 
-// Conversion of the tile against the updated maxima, then the masked keys' codes cleared.
+// Conversion of the tile against the maxima m_lo / m_hi (the updated ones) into p, then the masked keys' codes
+// cleared.
 // clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
 // (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
 // Such tiles send every block through the general step, so the steady-state loop has no trace of it.
 // kExp2 (kExp2PMode, INT8 only): the exp2 P format (convert_tile_exp2); clip changes nothing there (satfinite),
 // it only sends the tile's blocks through the general step, as for ExpCast.
-template <int kProbe, bool kMaybePartial = true, bool kExp2 = false, int kD, typename A>
-__device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], A a, const BlockMask& mask,
-                                             int t, bool first, bool clip) {
+template <int kProbe, bool kMaybePartial = true, bool kExp2 = false, typename A>
+__device__ __forceinline__ void convert_codes(float m_lo, float m_hi, const float (&s)[64], A a, const BlockMask& mask,
+                                              int t, bool first, bool clip, uint32_t (&p)[16]) {
   if ((kProbe & kSkipConvert) && !first) return;
   if constexpr (kExp2) {
     static_assert(std::is_same_v<A, QuadMult>, "the exp2 P format takes INT8 Q/K only");
     // a/8 and M/8 in the scaled domain: a' * 2^21, M' * 2^21 (exact); b2 = 8 - M/8, one rounding.
-    const QuadMult a2 = a * kMaxToLog2;
-    const float b_lo = 8.0f - st.m_lo * kMaxToLog2, b_hi = 8.0f - st.m_hi * kMaxToLog2;
-    convert_tile_exp2<(kProbe & kInt8ConvertMagic) != 0>(s, a2, b_lo, b_hi, st.p);
-    if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
+    constexpr int kPoly = (kProbe & kCorrectedExpCast) ? 4 : ((kProbe & kPolyHalf) ? 2 : 0) + ((kProbe & kPolyQuarter) ? 1 : 0);
+    if constexpr (kPoly > 0) {
+      convert_tile_mixed<(kProbe & kInt8ConvertMagic) != 0, kPoly, (kProbe & kPolyF16) != 0>(s, a, m_lo, m_hi, p);
+    } else {
+      const QuadMult a2 = a * kMaxToLog2;
+      const float b_lo = 8.0f - m_lo * kMaxToLog2, b_hi = 8.0f - m_hi * kMaxToLog2;
+      convert_tile_exp2<(kProbe & kInt8ConvertMagic) != 0>(s, a2, b_lo, b_hi, p);
+    }
+    if (kMaybePartial && mask.on) mask_codes(p, mask.lo, mask.hi, t);
     return;
   }
   constexpr bool kMagic = (kProbe & kInt8ConvertMagic) != 0;
   if constexpr ((kProbe & kCorrectedExpCast) != 0) {   // probe: codes near the exact exponential's E4M3 rounding
-    convert_tile<false, kMagic, true>(s, a, kCorrectBiasScaled - st.m_lo, kCorrectBiasScaled - st.m_hi, st.p);
-    if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
+    convert_tile<false, kMagic, true>(s, a, kCorrectBiasScaled - m_lo, kCorrectBiasScaled - m_hi, p);
+    if (kMaybePartial && mask.on) mask_codes(p, mask.lo, mask.hi, t);
     return;
   }
-  const float b_lo = expcast_addend(st.m_lo), b_hi = expcast_addend(st.m_hi);
+  const float b_lo = expcast_addend(m_lo), b_hi = expcast_addend(m_hi);
   if (kMaybePartial && clip)
-    convert_tile<true, kMagic>(s, a, expcast_addend_huge(st.m_lo), expcast_addend_huge(st.m_hi), st.p);
-  else convert_tile<false, kMagic>(s, a, b_lo, b_hi, st.p);
+    convert_tile<true, kMagic>(s, a, expcast_addend_huge(m_lo), expcast_addend_huge(m_hi), p);
+  else convert_tile<false, kMagic>(s, a, b_lo, b_hi, p);
   if (kProbe & kDoubleConvert) {
     uint32_t p2[16];
     convert_tile<false>(s, a * 0.5f, b_lo, b_hi, p2);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) st.p[i] ^= p2[i] & 0x01010101u;
+    for (int i = 0; i < 16; ++i) p[i] ^= p2[i] & 0x01010101u;
   }
-  if (kMaybePartial && mask.on) mask_codes(st.p, mask.lo, mask.hi, t);
+  if (kMaybePartial && mask.on) mask_codes(p, mask.lo, mask.hi, t);
+}
+// convert_codes against the state's maxima into the state's PV operand.
+template <int kProbe, bool kMaybePartial = true, bool kExp2 = false, int kD, typename A>
+__device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float (&s)[64], A a, const BlockMask& mask,
+                                             int t, bool first, bool clip) {
+  convert_codes<kProbe, kMaybePartial, kExp2>(st.m_lo, st.m_hi, s, a, mask, t, first, clip, st.p);
 }
 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
