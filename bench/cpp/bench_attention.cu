@@ -349,16 +349,10 @@ int main(int argc, char** argv) {
           {"int8 exp2", [&] { return launch_kernel<kX8, kNoProbe>(p8x, s); }, 2},
           {"int8 ping-pong", [&] { return launch_kernel<kI8, kPingPong>(p8, s); }, 2},
           {"int8 exp2 ping-pong", [&] { return launch_kernel<kX8, kPingPong>(p8x, s); }, 4},
-          // kPolyQuarter / kPolyHalf: exp2 P with a quarter / half of the scores coded on the FMA pipe (the corrected
-          // ExpCast code) instead of MUFU ex2, against INT8 ExpCast
-          {"int8 exp2 poly 1/4", [&] { return launch_kernel<kX8, kPolyQuarter>(p8x, s); }, 2},
-          {"int8 exp2 poly 1/2", [&] { return launch_kernel<kX8, kPolyHalf>(p8x, s); }, 2},
-          // ... the correction in f16x2 (two scores per instruction)
-          {"int8 exp2 f16 poly 1/4", [&] { return launch_kernel<kX8, kPolyQuarter | kPolyF16>(p8x, s); }, 2},
-          {"int8 exp2 f16 poly 1/2", [&] { return launch_kernel<kX8, kPolyHalf | kPolyF16>(p8x, s); }, 2},
-          {"int8 exp2 f16 poly 3/4", [&] { return launch_kernel<kX8, kPolyHalf | kPolyQuarter | kPolyF16>(p8x, s); }, 2},
-          {"int8 exp2 f16 poly all", [&] { return launch_kernel<kX8, kCorrectedExpCast | kPolyF16>(p8x, s); }, 2},
-          {"int8 exp2 f16 1/2 ping-pong", [&] { return launch_kernel<kX8, kPolyHalf | kPolyF16 | kPingPong>(p8x, s); }, 2},
+          // the exp2 format's split of the exponentials (keys 64-127 of each tile on the FMA pipe) against both
+          // ends: every key on MUFU ex2 (the format before the split) and every key on the polynomial code
+          {"int8 exp2 all MUFU", [&] { return launch_kernel<kX8, kExp2AllMufu>(p8x, s); }, 4},
+          {"int8 exp2 all poly", [&] { return launch_kernel<kX8, kCorrectedExpCast>(p8x, s); }, 4},
       };
       constexpr int kE = int(sizeof(entries) / sizeof(entries[0]));
       double err[kE];

@@ -128,8 +128,22 @@ uint8_t expcast_code(float acc, float a, float row_max);
 // +inf give 0x7E, -inf gives 0, NaN gives 0x7F). At the row max x = 8 (p = 256 = 0x78, as ExpCast's
 // code 120), so l, rescale and LSE are unchanged. The GPU kernel runs kExp2 with INT8 Q/K only and
 // evaluates 2^x with ex2.approx (at most one code apart near an E4M3 rounding boundary).
+// exp2 codes keys 0-63 of every 128-key block with exp2_code and keys 64-127 with exp2_poly_code, a polynomial
+// that the kernel evaluates on the FMA pipe while the MUFU unit takes the other half (exp2_format_code):
+//   x = min(fmaf(acc, a, 120 - row_max), 120)   (NaN stays NaN; the position in ExpCast's code units)
+//   then, each step rounded to f16 (round half to even; the first step saturating to +-65504):
+//   h = f16(x); t = (h + 12288) - 12288 (the nearest multiple of 8); d = |h - t|;
+//   u = d * k/8 - k (one rounding); w = relu(u * d + h) (one rounding); code = (w + 1024) - 1024
+//   with k/8 = kPolyK8, -k = kPolyNegK (f16 values); NaN gives 0xFF. It equals the E4M3 rounding of
+//   2^((x - 120) / 8) * 256 for about 97% of x in the normal codes and is one step away otherwise.
 enum class PFormat { kExpCast, kExp2 };
 uint8_t exp2_code(float acc, float a, float row_max);
+inline constexpr int kExp2PolyFirstKey = 64;        // keys at or past it, within their 128-key block
+inline constexpr double kPolyOctave = 12288.0;      // f16 spacing 8: rounds to the nearest octave edge
+inline constexpr double kPolyK8 = 0x1.5f4p-5;       // f16 0x297D, 0.0428772
+inline constexpr double kPolyNegK = -0x1.5f4p-2;    // f16 0xB57D, -0.343018
+uint8_t exp2_poly_code(float acc, float a, float row_max);
+uint8_t exp2_format_code(float acc, float a, float row_max, int key_in_block);
 
 // ---- Section 5: traversal -----------------------------------------------------------------------
 inline constexpr int kNaturalOrder = -1;  // mid_window_blocks value meaning "visit 0..n-1"

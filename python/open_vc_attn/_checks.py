@@ -63,7 +63,7 @@ def lse_with_smoothing(return_lse, smoothing, name="k_smoothing"):
 # ---- P format (p_format): the one home of its rules ----------------------------------------------------------
 
 def p_format(x, fmt=None, qk_name="qk_format", name="p_format") -> str:
-    """p_format: "expcast" (ExpCast's linear code, the default) or "exp2" (E4M3 RNE of an exact exponential,
+    """p_format: "expcast" (ExpCast's linear code, the default) or "exp2" (the E4M3 rounding of the exponential,
     docs/numerics.md "P format"); anything else raises ValueError naming it. fmt: the call's Q/K format (checked),
     or None to check the value only: "exp2" is implemented for INT8 Q/K only, so with fmt != "int8" it raises
     ValueError naming p_format and the Q/K format (qk_name: the argument that holds it)."""

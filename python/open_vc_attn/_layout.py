@@ -17,7 +17,7 @@ QUANT_BLOCK = 128              # tokens per Q/K descale group and per packed-V p
 INT8_KEY_GROUPS = 8            # INT8 K descale groups per 128-key block, 16 keys each (openvc::kInt8KeyGroups)
 QK_FORMATS = ("e4m3", "int8")  # Q/K code formats (openvc::QkFormat kE4M3, kInt8; _openvc_ext.QkFormat.e4m3 / .int8)
 # P formats (openvc::PFormat kExpCast, kExp2; _openvc_ext.PFormat.expcast / .exp2): ExpCast's linear code (the
-# default) or E4M3 RNE of an exact exponential ("exp2", INT8 Q/K only; docs/numerics.md, "P format").
+# default) or the E4M3 rounding of the exponential ("exp2", INT8 Q/K only; docs/numerics.md, "P format").
 P_FORMATS = ("expcast", "exp2")
 # open_vc_attn::attention_fp8's path: the fast path where it can take the call, else the general path ("auto");
 # the general path forced ("general": tests compare the two), or the fast path required ("fast").

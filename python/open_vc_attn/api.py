@@ -6,7 +6,8 @@
   descale per 16-key group; numerics section 9), and ``k_smoothing=True`` subtracts each K channel's mean
   over the sequence first (either format); V is E4M3 either way. ``p_format`` (an attention option of
   :func:`attention` and :func:`attention_fp8`) picks P's code: "expcast" (default) or "exp2", E4M3 of an
-  exact exponential, with INT8 Q/K (numerics, "P format").
+  exponential (exact for keys 0-63 of each 128-key block, within one step for the others), with INT8 Q/K
+  (numerics, "P format").
 - :meth:`PreparedFP8.from_quantized` wraps tensors that were quantized elsewhere (e.g. prepared before a
   sequence-parallel all-to-all) after checking their dtypes, shapes, layout and device.
 - :func:`attention_fp8` runs ExpCast attention on a :class:`PreparedFP8` (sections 2-5): BF16 output of
@@ -232,8 +233,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     The Q/K format is the preparation's (``prepared.qk_format``): an INT8 preparation runs on the fast path
     in every form above; one the fast path cannot take raises ValueError naming prepared.qk_format.
     p_format: P's code, an option of this call (not of the preparation: one preparation may be attended with
-    either): "expcast" (default, ExpCast's linear code) or "exp2" (E4M3 RNE of an exact exponential, more
-    accurate; docs/numerics.md "P format"), which needs an INT8 preparation: with prepared.qk_format "e4m3" it
+    either): "expcast" (default, ExpCast's linear code) or "exp2" (the E4M3 rounding of the exponential, within one
+    step for keys 64-127 of each block, more accurate; docs/numerics.md "P format"), which needs an INT8 preparation: with prepared.qk_format "e4m3" it
     raises ValueError naming p_format; anything but the two strings raises ValueError naming p_format.
     """
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
@@ -301,7 +302,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     anything is prepared. k_smoothing: quantize K minus its per-channel mean (either format; with
     return_lse, the LSE is that of the keys as given: the removed mean's term is added back, numerics
     section 9). See :func:`prepare_fp8`. p_format: P's code (docs/numerics.md "P format"): "expcast" (default, ExpCast's
-    linear code of section 3) or "exp2" (E4M3 RNE of an exact exponential: lower error, in CPU emulation 3.82%
+    linear code of section 3) or "exp2" (the E4M3 rounding of the exponential, within one step for keys 64-127 of each block: lower error, in CPU emulation 3.82%
     instead of 4.15% rel L2 on N(0,1) inputs at S = 4096 with INT8 + K smoothing), in every call form above;
     "exp2" needs qk_format="int8" (else ValueError naming p_format), anything but the two strings raises
     ValueError naming p_format. The BF16 reference (version="reference") checks and ignores all three.

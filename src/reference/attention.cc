@@ -185,9 +185,12 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
 
   float decode_table[256];
   for (int c = 0; c < 256; ++c) decode_table[c] = e4m3_decode(static_cast<uint8_t>(c));
-  // The P format's code of a score (section "P format"): ExpCast or the E4M3 rounding of exp2.
+  // The P format's code of a score (section "P format"): ExpCast, or exp2 (its code depends on the key's
+  // position in its 128-key block).
   const bool exp2_p = opt.p_format == PFormat::kExp2;
-  auto code_of = [exp2_p](float acc, float a, float m) { return exp2_p ? exp2_code(acc, a, m) : expcast_code(acc, a, m); };
+  auto code_of = [exp2_p](float acc, float a, float m, int64_t key_in_block) {
+    return exp2_p ? exp2_format_code(acc, a, m, static_cast<int>(key_in_block)) : expcast_code(acc, a, m);
+  };
 
   const int n = static_cast<int>((sk + bt - 1) / bt);
   int64_t rescales = 0;
@@ -246,7 +249,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         pv_p.clear();
         pv_v.clear();
         for (int64_t j = j0; j < jv; ++j) {
-          const float p = decode_table[code_of(acc[j - j0], a_of(j), st.m)];
+          const float p = decode_table[code_of(acc[j - j0], a_of(j), st.m, j - j0)];
           if (p == 0.0f) continue;
           st.l += p;  // the same decoded value that weights V below
           pv_p.push_back(p);
@@ -277,7 +280,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         if (internal::key_masked(i, t, sq, sk, opt.causal, opt.causal_chunk)) continue;
         RowState& st = rows[r];
         const float a = expcast_multiplier(tau, dq[i / q_group], dk[k_index(t)]);
-        const float p = decode_table[code_of(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m)];
+        const float p = decode_table[code_of(internal::ideal_dot(&Q[i * D], &K[t * D], D), a, st.m, t)];
         if (p == 0.0f) continue;
         const double* rt = &R[static_cast<size_t>(k) * D];
         for (int c = 0; c < D; ++c) st.A[c] += p * rt[c];

@@ -39,6 +39,42 @@ uint8_t exp2_code(float acc, float a, float row_max) {
   return e4m3_encode(static_cast<float>(std::exp2(static_cast<double>(x))));
 }
 
+namespace {
+// v rounded to the nearest f16 value, ties to even, with f16 subnormals; past the largest finite value (65504)
+// to +-inf, or with satfinite to +-65504. Every caller passes the exact result of an f16 operation (sums and
+// products of f16 values are exact in double here), so this is the operation's single rounding.
+double f16_round(double v, bool satfinite = false) {
+  if (std::isnan(v)) return v;
+  if (std::fabs(v) >= 65520.0) return satfinite ? std::copysign(65504.0, v) : std::copysign(INFINITY, v);
+  if (v == 0.0) return v;
+  int e = 0;
+  std::frexp(v, &e);                                   // |v| in [2^(e-1), 2^e)
+  const double quantum = std::ldexp(1.0, std::max(e - 1, -14) - 10);
+  return std::nearbyint(v / quantum) * quantum;        // default rounding: half to even
+}
+}  // namespace
+
+uint8_t exp2_poly_code(float acc, float a, float row_max) {
+  // The kernel's f16x2 sequence (sm90/expcast.cuh, exp2_poly_pair), one rounding per instruction.
+  float x = std::fmaf(acc, a, static_cast<float>(kMaxCode) - row_max);
+  if (x > static_cast<float>(kMaxCode)) x = static_cast<float>(kMaxCode);   // NaN stays NaN
+  const double h = f16_round(x, true);
+  double t = f16_round(h + kPolyOctave);
+  t = f16_round(t - kPolyOctave);
+  const double d = std::fabs(f16_round(h - t));
+  const double u = f16_round(d * kPolyK8 + kPolyNegK);
+  double w = f16_round(u * d + h);
+  if (w < 0.0) w = 0.0;                                // relu
+  w = f16_round(w + 1024.0);
+  if (std::isnan(w)) return 0xFF;                      // the f16 canonical NaN 0x7FFF: low byte 0xFF
+  return static_cast<uint8_t>(static_cast<int>(w - 1024.0) & 0xFF);
+}
+
+uint8_t exp2_format_code(float acc, float a, float row_max, int key_in_block) {
+  return key_in_block % kQuantBlock >= kExp2PolyFirstKey ? exp2_poly_code(acc, a, row_max)
+                                                        : exp2_code(acc, a, row_max);
+}
+
 // Invalid arguments (n < 1, diag < 0, mid_window_blocks < -1) give an empty order: there is no
 // Status to return, and an empty list can never be mistaken for a traversal of n >= 1 blocks.
 std::vector<int> key_block_order(int diag, int n, int mid_window_blocks) {

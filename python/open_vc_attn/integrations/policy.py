@@ -69,7 +69,7 @@ class DispatchPolicy:
     qk_format for anything but the two strings, TypeError naming k_smoothing for a non-bool. With "int8",
     calls past the fast path's size range (which INT8 does not take) go to the framework.
     p_format: P's code in every openvc call (:func:`open_vc_attn.attention`'s argument): "expcast" (default) or
-    "exp2" (E4M3 of an exact exponential, more accurate), which needs qk_format "int8": ValueError naming
+    "exp2" (the E4M3 rounding of the exponential, more accurate), which needs qk_format "int8": ValueError naming
     p_format otherwise, or for anything but the two strings.
     qk_format="auto": each attention module's first openvc call runs the candidate formats, fastest first
     (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same where the call returns its LSE, which

@@ -20,8 +20,8 @@
   BF16, or out_dtype; lse is an empty [0] tensor when return_lse is False (an op returns a fixed number of
   tensors). softmax_scale <= 0 means 1/sqrt(D); mid_window_blocks -1 means natural order; seqused_k:
   optional int32 key counts per batch entry or sequence. The op reads the Q/K format from qk_format, which
-  must be the preparation's. p_format: "expcast" (ExpCast's linear P code) or "exp2" (P = E4M3 RNE of an
-  exact exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
+  must be the preparation's. p_format: "expcast" (ExpCast's linear P code) or "exp2" (P = the E4M3
+  rounding of the exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
   [B, H] (packed [N, H]) holds one V descale per head, as prepare_fp8 writes it; [B, H, ceil(Sk/128)] (packed
   [N, H, ceil(max_seqlen_k/128)]) one per 128-key block (AttentionParams.v_descale_per_block: K/V chunks
   quantized separately, e.g. open_vc_attn.kv_cache): fast path, head_dim 128, not causal, ExpCast P (ValueError

@@ -50,27 +50,6 @@ __device__ __forceinline__ uint32_t corrected_pair(float s0, float s1, float a, 
   return h;
 }
 
-// The same correction in f16x2 (probe kPolyF16): two scores per instruction. x0, x1 in code units (not scaled),
-// bias 120; satfinite keeps far keys finite (they code 0). t = the nearest multiple of 8 codes (12288 has f16
-// spacing 8), d = x - t, then relu(x + |d| (k/8 |d| - k)), rounded to an integer by adding 1024 (f16 spacing 1):
-// the low byte of each half is the code. f16 resolves x to 1/16 code (1/32 below 64), so a code can differ from the
-// FP32 form where x lies that close to a rounding boundary.
-__device__ __forceinline__ uint32_t corrected_pair_f16(float x0, float x1) {
-  uint32_t r;
-  asm("{\n\t.reg .b32 h, t, d;\n\t"
-      "cvt.rn.satfinite.f16x2.f32 h, %2, %1;\n\t"
-      "add.rn.f16x2 t, h, %3;\n\t"
-      "sub.rn.f16x2 t, t, %3;\n\t"
-      "sub.rn.f16x2 d, h, t;\n\t"
-      "abs.f16x2 d, d;\n\t"
-      "fma.rn.f16x2 t, d, %4, %5;\n\t"
-      "fma.rn.relu.f16x2 t, t, d, h;\n\t"
-      "add.rn.f16x2 %0, t, %6;\n\t}"
-      : "=r"(r)
-      : "f"(x0), "f"(x1), "r"(0x72007200u), "r"(0x297D297Du), "r"(0xB57DB57Du), "r"(0x64006400u));
-  return r;
-}
-
 // As expcast_pair with one multiplier per score (repair tiles: every repair key keeps its own block's
 // K descale, so a = qscale * descale_k varies along the row).
 __device__ __forceinline__ uint32_t expcast_pair2(float s0, float s1, float a0, float a1, float b) {
@@ -140,6 +119,47 @@ __device__ __forceinline__ uint32_t pack_code_pairs(uint16_t lo, uint16_t hi) {
   uint32_t r;
   asm("mov.b32 %0, {%1, %2};" : "=r"(r) : "h"(lo), "h"(hi));
   return r;
+}
+
+// The exp2 format's polynomial code (keys 64-127 of every tile; numerics section 10), two scores per f16x2
+// instruction on the FMA pipe. x0, x1: the score's position in unscaled code units, 8 per octave, 120 at the row
+// max (x = acc * a + (120 - M)). ExpCast's code x is linear within an octave; E4M3 values are 2^e (1 + m/8), so
+// the code that rounds 2^(x/8) is x + g(d), g(d) = (k/8) d^2 - k |d|, d = x minus the nearest multiple of 8
+// (k = kPolyK: 8 (2^f - 1 - f) ~ -8k f (1 - f) within 0.03 codes). Steps: h = f16(x) (satfinite: far keys stay
+// finite and code 0; f16 resolves x to 1/16 code, 1/32 below 64), t = the nearest multiple of 8 (12288 has f16
+// spacing 8), |d|, then relu(h + |d| (k/8 |d| - k)) rounded to an integer by adding 1024 (f16 spacing 1): the
+// low byte of each half is the code, 0..120 for x <= 120. NaN gives the f16 canonical NaN, low byte 0xFF (an
+// E4M3 NaN). The reference emulates each f16 rounding (reference::exp2_poly_code).
+inline constexpr uint32_t kPolyOctaveF16x2 = 0x72007200u;  // 12288, 12288
+inline constexpr uint32_t kPolyK8F16x2 = 0x297D297Du;      // k/8 = 0.0428772, both halves
+inline constexpr uint32_t kPolyNegKF16x2 = 0xB57DB57Du;    // -k = -0.343018
+inline constexpr uint32_t kPolyRoundF16x2 = 0x64006400u;   // 1024
+__device__ __forceinline__ uint32_t exp2_poly_pair(float x0, float x1) {
+  uint32_t r;
+  asm("{\n\t.reg .b32 h, t, d;\n\t"
+      "cvt.rn.satfinite.f16x2.f32 h, %2, %1;\n\t"
+      "add.rn.f16x2 t, h, %3;\n\t"
+      "sub.rn.f16x2 t, t, %3;\n\t"
+      "sub.rn.f16x2 d, h, t;\n\t"
+      "abs.f16x2 d, d;\n\t"
+      "fma.rn.f16x2 t, d, %4, %5;\n\t"
+      "fma.rn.relu.f16x2 t, t, d, h;\n\t"
+      "add.rn.f16x2 %0, t, %6;\n\t}"
+      : "=r"(r)
+      : "f"(x0), "f"(x1), "r"(kPolyOctaveF16x2), "r"(kPolyK8F16x2), "r"(kPolyNegKF16x2), "r"(kPolyRoundF16x2));
+  return r;
+}
+// min(x, 120) keeping NaN (fminf would drop it): tiles that may hold huge scores, whose addend's rounding can put
+// x past 120, where the polynomial code would leave 0..120 (121 and up reach E4M3's NaN 0x7F).
+__device__ __forceinline__ float poly_clip(float x) {
+  float r;
+  asm("min.NaN.f32 %0, %1, 0f42F00000;" : "=f"(r) : "f"(x));
+  return r;
+}
+// Scalar polynomial code in unscaled units (the reference's exp2_poly_code signature), for the tests.
+__device__ __forceinline__ uint8_t exp2_poly_code(float acc, float a, float row_max) {
+  const float x = poly_clip(fmaf(acc, a, 120.0f - row_max));
+  return static_cast<uint8_t>(exp2_poly_pair(x, x) & 0xFFu);
 }
 
 // Scalar exp2-format code in unscaled units (the reference's exp2_code signature), for the tests.

@@ -2,7 +2,7 @@
 // breakdown in docs/performance.md (bench/cpp/bench_attention.cu, built with OPENVC_BENCH_VARIANTS).
 // Never built into the library. The skip/double probes compute wrong results on purpose; the others
 // (marked) compute the production result. Probes apply to the plain mode only (kInt8ConvertMagic: to the
-// INT8 mode).
+// INT8 mode; kExp2AllMufu and kCorrectedExpCast: to the exp2 mode too).
 #pragma once
 
 #include "attention/sm90/config.h"
@@ -29,13 +29,9 @@ enum Probe : int {
   kCorrectedExpCast = 32768,  // ExpCast codes moved onto the E4M3 rounding of the exact exponential: the
                               // linear code plus a quadratic in its position within the octave (expcast.cuh,
                               // corrected_code; 5 FP32 operations more per score; a different result)
-  kPolyQuarter = 65536,       // exp2 mode: the key group kb = 3 (a quarter of the scores) coded by the corrected
-                              // ExpCast code on the FMA pipe instead of MUFU ex2 (FA4's split of the exponentials
-                              // between MUFU and a polynomial; softmax.cuh, convert_tile_mixed; a different result)
-  kPolyHalf = 131072,         // ... key groups kb = 2, 3 (half of the scores); with kPolyQuarter kb = 1, 2, 3
-  kPolyF16 = 262144,          // with kPolyQuarter / kPolyHalf: the correction in f16x2 (expcast.cuh,
-                              // corrected_pair_f16: two scores per instruction). In the exp2 mode kCorrectedExpCast
-                              // takes every key group to the corrected code (no MUFU ex2)
+  kExp2AllMufu = 65536,       // exp2 mode: every key group on MUFU ex2 (the exp2 format before the split of
+                              // the exponentials between MUFU and the FMA pipe; a different result). In the exp2
+                              // mode kCorrectedExpCast takes every key group to the polynomial code (no MUFU)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.

@@ -251,32 +251,20 @@ __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_
   }
 }
 
-// P format exp2 (kExp2PMode, INT8 only): the same registers and key order as convert_tile, with
-// codes e4m3(2^(acc * a2 + b2)) (exp2_pair): a2 = a' * 2^21 per row and half, b2 = 8 - M' * 2^21 per row.
-// Satfinite keeps every code finite (<= 448; at most 256 where x <= 8), so no clipped variant.
-template <bool kMagic = false>
-__device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult a, float b_lo, float b_hi,
+// P format exp2 (kExp2PMode, INT8 only; numerics section 10): the same registers and key order as convert_tile.
+// Key groups kb < 4 - kPolyGroups (production kPolyGroups = 2: keys 0-63 of the tile, the half-0 multipliers) code
+// e4m3(2^(acc * a2 + b2)) on the MUFU unit (exp2_pair; a2 = a' 2^21 per row and half, b2 = 8 - M' 2^21 per row);
+// the others (keys 64-127) the polynomial code on the FMA pipe (exp2_poly_pair; unscaled code units: a' 2^24 and
+// 120 - M' 2^24, exact scalings). The two pipes share the tile's exponentials: MUFU for all 128 keys cost +18%
+// against ExpCast codes, the half split +10%, the polynomial for all +28% (docs/performance.md, fifteenth
+// session). m_lo / m_hi: the rows' maxima (scaled). Both codes are 256 (0x78) at the max; MUFU saturates to 448
+// by itself, the polynomial's input is clipped at 120 in tiles that may hold huge scores (kClip).
+template <bool kMagic, int kPolyGroups, bool kClip>
+__device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult a, float m_lo, float m_hi,
                                                   uint32_t (&p)[16]) {
-  fill_pv_operand(
-      s, a, b_lo, b_hi,
-      [](float s0, float s1, float a_, float b_) {
-        return exp2_pair(fmaf(int8_score<kMagic>(s0), a_, b_), fmaf(int8_score<kMagic>(s1), a_, b_));
-      },
-      [](uint16_t lo, uint16_t hi) { return pack_code_pairs(lo, hi); }, p);
-}
-
-// Probes kPolyQuarter / kPolyHalf (exp2 mode): the last kPolyGroups key groups (of 4 per thread, 32 keys each)
-// take the corrected ExpCast code (expcast.cuh, corrected_code: FMA pipe, E4M3 rounding of the exact exponential
-// for ~98% of scores), the others MUFU ex2 as convert_tile_exp2; the same registers and key order. m_lo / m_hi:
-// the rows' maxima (scaled code units). Both codes are 256 (0x78) at the max.
-template <bool kMagic, int kPolyGroups, bool kF16>
-__device__ __forceinline__ void convert_tile_mixed(const float (&s)[64], QuadMult a, float m_lo, float m_hi,
-                                                   uint32_t (&p)[16]) {
-  const QuadMult a2 = a * kMaxToLog2;
+  const QuadMult a2 = a * kMaxToLog2, ac = a * 0x1p24f;
   const float b2_lo = 8.0f - m_lo * kMaxToLog2, b2_hi = 8.0f - m_hi * kMaxToLog2;
-  // kF16: the f16x2 form takes unscaled code units (a' 2^24, 120 - M' 2^24; exact scalings).
-  const float bc_lo = kF16 ? 120.0f - m_lo * 0x1p24f : kCorrectBiasScaled - m_lo;
-  const float bc_hi = kF16 ? 120.0f - m_hi * 0x1p24f : kCorrectBiasScaled - m_hi;
+  const float bc_lo = 120.0f - m_lo * 0x1p24f, bc_hi = 120.0f - m_hi * 0x1p24f;
   auto x = [](float v) { return int8_score<kMagic>(v); };
 #pragma unroll
   for (int kb = 0; kb < 4; ++kb) {
@@ -291,11 +279,12 @@ __device__ __forceinline__ void convert_tile_mixed(const float (&s)[64], QuadMul
       p[4 * kb + 2] = pack_code_pairs(e(c2 + 0, a_lo, b2_lo), e(c3 + 0, a_lo, b2_lo));
       p[4 * kb + 3] = pack_code_pairs(e(c2 + 2, a_hi, b2_hi), e(c3 + 2, a_hi, b2_hi));
     } else {
-      const float a_lo = group_mult_lo(a, kb) * (kF16 ? 0x1p24f : 1.0f), a_hi = group_mult_hi(a, kb) * (kF16 ? 0x1p24f : 1.0f);
-      auto e = [&](int c, float a_, float b_) {
-        if constexpr (kF16) return corrected_pair_f16(fmaf(x(s[c]), a_, b_), fmaf(x(s[c + 1]), a_, b_));
-        else return corrected_pair(x(s[c]), x(s[c + 1]), a_, b_);
+      const float a_lo = group_mult_lo(ac, kb), a_hi = group_mult_hi(ac, kb);
+      auto y = [&](int c, float a_, float b_) {
+        const float v = fmaf(x(s[c]), a_, b_);
+        return kClip ? poly_clip(v) : v;
       };
+      auto e = [&](int c, float a_, float b_) { return exp2_poly_pair(y(c, a_, b_), y(c + 1, a_, b_)); };
       p[4 * kb + 0] = pack_codes(e(c0 + 0, a_lo, bc_lo), e(c1 + 0, a_lo, bc_lo));
       p[4 * kb + 1] = pack_codes(e(c0 + 2, a_hi, bc_hi), e(c1 + 2, a_hi, bc_hi));
       p[4 * kb + 2] = pack_codes(e(c2 + 0, a_lo, bc_lo), e(c3 + 0, a_lo, bc_lo));
@@ -370,23 +359,19 @@ __device__ __forceinline__ void tile_max(const float (&s)[64], A a, const BlockM
 // clip (uniform; only steps that may be partial take it, kMaybePartial): the tile may hold huge scores
 // (tile_may_be_huge), so one ulp of slack in the addend and the clip at 120 (numerics section 3).
 // Such tiles send every block through the general step, so the steady-state loop has no trace of it.
-// kExp2 (kExp2PMode, INT8 only): the exp2 P format (convert_tile_exp2); clip changes nothing there (satfinite),
-// it only sends the tile's blocks through the general step, as for ExpCast.
+// kExp2 (kExp2PMode, INT8 only): the exp2 P format (convert_tile_exp2); clip clips the polynomial half's input at
+// 120 (the MUFU half saturates by itself).
 template <int kProbe, bool kMaybePartial = true, bool kExp2 = false, typename A>
 __device__ __forceinline__ void convert_codes(float m_lo, float m_hi, const float (&s)[64], A a, const BlockMask& mask,
                                               int t, bool first, bool clip, uint32_t (&p)[16]) {
   if ((kProbe & kSkipConvert) && !first) return;
   if constexpr (kExp2) {
     static_assert(std::is_same_v<A, QuadMult>, "the exp2 P format takes INT8 Q/K only");
-    // a/8 and M/8 in the scaled domain: a' * 2^21, M' * 2^21 (exact); b2 = 8 - M/8, one rounding.
-    constexpr int kPoly = (kProbe & kCorrectedExpCast) ? 4 : ((kProbe & kPolyHalf) ? 2 : 0) + ((kProbe & kPolyQuarter) ? 1 : 0);
-    if constexpr (kPoly > 0) {
-      convert_tile_mixed<(kProbe & kInt8ConvertMagic) != 0, kPoly, (kProbe & kPolyF16) != 0>(s, a, m_lo, m_hi, p);
-    } else {
-      const QuadMult a2 = a * kMaxToLog2;
-      const float b_lo = 8.0f - m_lo * kMaxToLog2, b_hi = 8.0f - m_hi * kMaxToLog2;
-      convert_tile_exp2<(kProbe & kInt8ConvertMagic) != 0>(s, a2, b_lo, b_hi, p);
-    }
+    constexpr bool kMagic = (kProbe & kInt8ConvertMagic) != 0;
+    // Key groups on the FMA pipe: 2 of 4 (production); probes: none (kExp2AllMufu), all (kCorrectedExpCast).
+    constexpr int kPoly = (kProbe & kExp2AllMufu) ? 0 : (kProbe & kCorrectedExpCast) ? 4 : 2;
+    if (kMaybePartial && clip) convert_tile_exp2<kMagic, kPoly, true>(s, a, m_lo, m_hi, p);
+    else convert_tile_exp2<kMagic, kPoly, false>(s, a, m_lo, m_hi, p);
     if (kMaybePartial && mask.on) mask_codes(p, mask.lo, mask.hi, t);
     return;
   }
