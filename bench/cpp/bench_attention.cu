@@ -397,6 +397,83 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(qs8));
     CHECK_CUDA(cudaFree(ks8));
   }
+#ifdef OPENVC_BENCH_VARIANTS
+  if (argc > 6 && std::string(argv[6]) == "convert") {
+    // Probe kConvertUnderPv (the conversion's FMAs, exponentials and polynomial before the wait for the previous
+    // tile's PV, only the packing after it) against production, E4M3 dense and causal, INT8 dense, INT8 exp2 dense,
+    // at the head dim of OPENVC_BENCH_HEAD_DIM; interleaved rounds, paired medians; the outputs must be the same
+    // bytes. (At D = 128 the INT8 modes' wgmma serialize with the probe: ptxas C7514.)
+    using namespace openvc::sm90;
+    uint8_t *qc8, *kc8;
+    float *qs8, *ks8;
+    CHECK_CUDA(cudaMalloc(&qc8, n));
+    CHECK_CUDA(cudaMalloc(&kc8, n));
+    CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
+    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
+    openvc::PrepareParams pp8 = pp;
+    pp8.qk_format = openvc::QkFormat::kInt8;
+    pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
+    CHECK_OK(openvc::prepare_fp8(pp8, s));
+    openvc::AttentionParams ap8 = ap, apc = ap;
+    ap8.in.qk_format = openvc::QkFormat::kInt8;
+    ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    apc.causal = true;
+    openvc::AttentionParams ap8x = ap8;
+    ap8x.p_format = openvc::PFormat::kExp2;
+    LaunchPlan pe, pc, p8, p8x;
+    CHECK_OK(plan_attention(ap, nullptr, &pe));
+    CHECK_OK(plan_attention(apc, nullptr, &pc));
+    CHECK_OK(plan_attention(ap8, nullptr, &p8));
+    CHECK_OK(plan_attention(ap8x, nullptr, &p8x));
+    constexpr int k64 = kHeadDim64Mode;
+    const bool d64 = D == 64;
+    struct Pair {
+      const char* name;
+      std::function<openvc::Status(bool)> launch;   // probe or production
+    };
+    auto pick = [&](auto base, auto d64mode, const LaunchPlan& plan) {
+      constexpr int kB = decltype(base)::value, kB64 = decltype(d64mode)::value;
+      return [&plan, d64, s](bool probe) {
+        if (d64) return probe ? launch_kernel<kB64, kConvertUnderPv>(plan, s) : launch_kernel<kB64, kNoProbe>(plan, s);
+        return probe ? launch_kernel<kB, kConvertUnderPv>(plan, s) : launch_kernel<kB, kNoProbe>(plan, s);
+      };
+    };
+    using std::integral_constant;
+    const Pair pairs[] = {
+        {"e4m3 dense", pick(integral_constant<int, kPlainMode>{}, integral_constant<int, k64>{}, pe)},
+        {"e4m3 causal", pick(integral_constant<int, kCausalMode>{}, integral_constant<int, k64 | kCausalMode>{}, pc)},
+        {"int8 dense", pick(integral_constant<int, kInt8QkMode>{}, integral_constant<int, k64 | kInt8QkMode>{}, p8)},
+        {"int8 exp2 dense", pick(integral_constant<int, kExp2PMode | kInt8QkMode>{},
+                                 integral_constant<int, k64 | kExp2PMode | kInt8QkMode>{}, p8x)},
+    };
+    const double flops[] = {flop, flop / 2, flop, flop};
+    for (int e = 0; e < 4; ++e) {
+      std::vector<__nv_bfloat16> a(n), b(n);
+      CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));
+      CHECK_OK(pairs[e].launch(false));
+      CHECK_CUDA(cudaMemcpyAsync(a.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+      CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));
+      CHECK_OK(pairs[e].launch(true));
+      CHECK_CUDA(cudaMemcpyAsync(b.data(), out, n * 2, cudaMemcpyDeviceToHost, s));
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      size_t differ = 0;
+      for (size_t i = 0; i < n; ++i) differ += std::memcmp(&a[i], &b[i], 2) != 0;
+      std::vector<float> ratio;
+      float tp_best = 1e30f, tc_best = 1e30f;
+      for (int r = 0; r < rounds; ++r) {
+        const float tp = graph_median_ms([&] { CHECK_OK(pairs[e].launch(false)); }, s, 1, reps);
+        const float tc = graph_median_ms([&] { CHECK_OK(pairs[e].launch(true)); }, s, 1, reps);
+        ratio.push_back(tc / tp);
+        tp_best = std::min(tp_best, tp), tc_best = std::min(tc_best, tc);
+      }
+      std::sort(ratio.begin(), ratio.end());
+      std::printf("  convert under PV, D=%d %-16s production %.1f TFLOP/s, probe %.1f TFLOP/s | probe time %+.2f%% "
+                  "(paired median of %d) | %zu of %zu outputs differ (expected 0)\n", D, pairs[e].name,
+                  flops[e] / tp_best * 1e-9, flops[e] / tc_best * 1e-9, 100.0 * (ratio[rounds / 2] - 1.0), rounds,
+                  differ, n);
+    }
+  }
+#endif
   if (argc > 6 && std::string(argv[6]) == "repair") {
     // Kernel-side cost of V residual repair tiles (the selection is timed by the Python benchmark):
     // round(budget * S) rows per head of arbitrary codes, visited after every original block.

@@ -400,6 +400,93 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
   convert_codes<kProbe, kMaybePartial, kExp2>(st.m_lo, st.m_hi, s, a, mask, t, first, clip, st.p);
 }
 
+// Probe kConvertUnderPv: the conversion in two stages around the wait for the previous tile's PV, as FA3 computes
+// its exponentials in place before that wait and packs P after it. Stage 1 (the previous PV still reads the P
+// registers): every score's FMA (INT8: its int32 conversion first; exp2: also MUFU ex2, and the polynomial half's
+// f16x2 sequence) in place in s. Stage 2 (after the wait): the conversions to codes and the packing into p, then
+// the mask. The same codes as convert_codes; tiles that may hold huge scores (clip) take convert_codes instead.
+template <int kProbe, bool kExp2, typename A>
+__device__ __forceinline__ void convert_stage1(const float (&s_in)[64], float (&s)[64], A a, float m_lo, float m_hi) {
+  constexpr bool kMagic = (kProbe & kInt8ConvertMagic) != 0;
+  auto x = [](float v) {
+    if constexpr (std::is_same_v<A, QuadMult>) return int8_score<kMagic>(v);
+    else return v;
+  };
+  if constexpr (kExp2) {
+    const QuadMult a2 = a * kMaxToLog2, ac = a * 0x1p24f;
+    const float b2_lo = 8.0f - m_lo * kMaxToLog2, b2_hi = 8.0f - m_hi * kMaxToLog2;
+    const float bc_lo = 120.0f - m_lo * 0x1p24f, bc_hi = 120.0f - m_hi * 0x1p24f;
+    auto ex2 = [](float y) {   // exp2_pair's instruction
+      float r;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+      return r;
+    };
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 4 * (4 * kb + j);
+        if (kb < 2) {
+          s[c + 0] = ex2(fmaf(x(s_in[c + 0]), group_mult_lo(a2, kb), b2_lo));
+          s[c + 1] = ex2(fmaf(x(s_in[c + 1]), group_mult_lo(a2, kb), b2_lo));
+          s[c + 2] = ex2(fmaf(x(s_in[c + 2]), group_mult_hi(a2, kb), b2_hi));
+          s[c + 3] = ex2(fmaf(x(s_in[c + 3]), group_mult_hi(a2, kb), b2_hi));
+        } else {
+          const float al = group_mult_lo(ac, kb), ah = group_mult_hi(ac, kb);
+          s[c + 0] = __uint_as_float(exp2_poly_pair(fmaf(x(s_in[c + 0]), al, bc_lo), fmaf(x(s_in[c + 1]), al, bc_lo)));
+          s[c + 2] = __uint_as_float(exp2_poly_pair(fmaf(x(s_in[c + 2]), ah, bc_hi), fmaf(x(s_in[c + 3]), ah, bc_hi)));
+        }
+      }
+  } else {
+    const float b_lo = expcast_addend(m_lo), b_hi = expcast_addend(m_hi);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 4 * (4 * kb + j);
+        s[c + 0] = fmaf(x(s_in[c + 0]), group_mult_lo(a, kb), b_lo);
+        s[c + 1] = fmaf(x(s_in[c + 1]), group_mult_lo(a, kb), b_lo);
+        s[c + 2] = fmaf(x(s_in[c + 2]), group_mult_hi(a, kb), b_hi);
+        s[c + 3] = fmaf(x(s_in[c + 3]), group_mult_hi(a, kb), b_hi);
+      }
+  }
+}
+template <bool kExp2>
+__device__ __forceinline__ void convert_stage2(const float (&s)[64], const BlockMask& mask, int t, uint32_t (&p)[16]) {
+  auto relu_pair = [](float x0, float x1) {
+    uint32_t h;
+    asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(x1), "f"(x0));
+    return h;
+  };
+  auto e4m3_pair = [](float p0, float p1) {
+    uint16_t c;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(p1), "f"(p0));
+    return c;
+  };
+#pragma unroll
+  for (int kb = 0; kb < 4; ++kb) {
+    const int c0 = 4 * (4 * kb + 0), c1 = 4 * (4 * kb + 1), c2 = 4 * (4 * kb + 2), c3 = 4 * (4 * kb + 3);
+    if (kExp2 && kb < 2) {
+      p[4 * kb + 0] = pack_code_pairs(e4m3_pair(s[c0 + 0], s[c0 + 1]), e4m3_pair(s[c1 + 0], s[c1 + 1]));
+      p[4 * kb + 1] = pack_code_pairs(e4m3_pair(s[c0 + 2], s[c0 + 3]), e4m3_pair(s[c1 + 2], s[c1 + 3]));
+      p[4 * kb + 2] = pack_code_pairs(e4m3_pair(s[c2 + 0], s[c2 + 1]), e4m3_pair(s[c3 + 0], s[c3 + 1]));
+      p[4 * kb + 3] = pack_code_pairs(e4m3_pair(s[c2 + 2], s[c2 + 3]), e4m3_pair(s[c3 + 2], s[c3 + 3]));
+    } else if (kExp2) {
+      auto b = [&](int c) { return __float_as_uint(s[c]); };
+      p[4 * kb + 0] = pack_codes(b(c0 + 0), b(c1 + 0));
+      p[4 * kb + 1] = pack_codes(b(c0 + 2), b(c1 + 2));
+      p[4 * kb + 2] = pack_codes(b(c2 + 0), b(c3 + 0));
+      p[4 * kb + 3] = pack_codes(b(c2 + 2), b(c3 + 2));
+    } else {
+      p[4 * kb + 0] = pack_codes(relu_pair(s[c0 + 0], s[c0 + 1]), relu_pair(s[c1 + 0], s[c1 + 1]));
+      p[4 * kb + 1] = pack_codes(relu_pair(s[c0 + 2], s[c0 + 3]), relu_pair(s[c1 + 2], s[c1 + 3]));
+      p[4 * kb + 2] = pack_codes(relu_pair(s[c2 + 0], s[c2 + 1]), relu_pair(s[c3 + 0], s[c3 + 1]));
+      p[4 * kb + 3] = pack_codes(relu_pair(s[c2 + 2], s[c2 + 3]), relu_pair(s[c3 + 2], s[c3 + 3]));
+    }
+  }
+  if (mask.on) mask_codes(p, mask.lo, mask.hi, t);
+}
+
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
 // needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
 // qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for real data (the bound is ~1e-4 for video
