@@ -481,14 +481,6 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       const BlockMask mask = kMaybePartial ? mask_of(blk) : BlockMask{kBlockN, kBlockN, false};
       float t_lo, t_hi;
       tile_max<kProbe, kMaybePartial>(s, a, mask, t, false, t_lo, t_hi);
-      // Probe kConvertUnderPv: stage 1 of the conversion in place in s against the raised maxima (the values
-      // update_max sets) while the previous tile's PV still runs; stage 2 after the wait (softmax.cuh).
-      constexpr bool kTwoStage = (kProbe & kConvertUnderPv) != 0;
-      // D = 64 keeps stage 1's results in their own registers (in place, the INT8 modes' wgmma serialize: ptxas
-      // C7514); D = 128 has no registers to spare and writes them over s.
-      float xs[64];
-      float(&x1)[64] = *(kD == 64 ? &xs : &s);
-      if (kTwoStage && !clip) convert_stage1<kProbe, kExp2>(s, x1, a, fmaxf(st.m_lo, t_lo), fmaxf(st.m_hi, t_hi));
       cute::warpgroup_wait<0>();
       fence_regs(st.pv);
       if constexpr (!kVc) release(&sh.v_empty[prev.stage]);
@@ -504,8 +496,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       if constexpr (kVc) release(&sh.v_empty[prev.stage]);  // after the mean is read
       pv_fresh = flush;
       update_max<kCausal>(st, t_lo, t_hi, !flush);
-      if (kTwoStage && !clip) convert_stage2<kExp2>(x1, mask, t, st.p);
-      else convert_step<kProbe, kMaybePartial, kExp2>(st, s, a, mask, t, false, clip);
+      convert_step<kProbe, kMaybePartial, kExp2>(st, s, a, mask, t, false, clip);
       dv_p = dv_blk;
       prev = ring;
       ring.advance();

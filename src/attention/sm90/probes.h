@@ -32,9 +32,6 @@ enum Probe : int {
   kExp2AllMufu = 65536,       // exp2 mode: every key group on MUFU ex2 (the exp2 format before the split of
                               // the exponentials between MUFU and the FMA pipe; a different result). In the exp2
                               // mode kCorrectedExpCast takes every key group to the polynomial code (no MUFU)
-  kConvertUnderPv = 131072,   // steady-state steps convert the tile into a second P register set before the wait for
-                              // the previous tile's PV (kernel.cuh, step), so the conversion can run under it (the
-                              // same codes; costs 16 registers)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
