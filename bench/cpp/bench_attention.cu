@@ -1,7 +1,7 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8|split]
 //        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys]
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
@@ -397,6 +397,87 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(qs8));
     CHECK_CUDA(cudaFree(ks8));
   }
+#ifdef OPENVC_BENCH_VARIANTS
+  if (argc > 6 && std::string(argv[6]) == "split") {
+    // The exp2 P format's split of each tile's exponentials between MUFU ex2 and the polynomial on the FMA pipe, at
+    // the head dim of OPENVC_BENCH_HEAD_DIM (the balance of the two pipes against the tensor cores depends on it):
+    // 0, 1, 2 (production), 3 and 4 of the 4 key groups on the polynomial, each timed against the INT8 ExpCast
+    // kernel of the same inputs (paired medians of interleaved rounds), with B = 1 the rel L2 against exact FP64
+    // attention on 32 sampled rows per head.
+    using namespace openvc::sm90;
+    uint8_t *qc8, *kc8;
+    float *qs8, *ks8;
+    CHECK_CUDA(cudaMalloc(&qc8, n));
+    CHECK_CUDA(cudaMalloc(&kc8, n));
+    CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
+    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
+    openvc::PrepareParams pp8 = pp;
+    pp8.qk_format = openvc::QkFormat::kInt8;
+    pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
+    CHECK_OK(openvc::prepare_fp8(pp8, s));
+    openvc::AttentionParams ap8 = ap;
+    ap8.in.qk_format = openvc::QkFormat::kInt8;
+    ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    openvc::AttentionParams ap8x = ap8;
+    ap8x.p_format = openvc::PFormat::kExp2;
+    LaunchPlan p8, p8x;
+    CHECK_OK(plan_attention(ap8, nullptr, &p8));
+    CHECK_OK(plan_attention(ap8x, nullptr, &p8x));
+    constexpr int kI8 = kInt8QkMode, kX8 = kExp2PMode | kInt8QkMode, k64 = kHeadDim64Mode;
+    const bool d64 = D == 64;
+    auto pick = [&](auto mode, auto probe, const LaunchPlan& plan) -> std::function<openvc::Status()> {
+      constexpr int kM = decltype(mode)::value, kP = decltype(probe)::value;
+      if (d64) return [&plan, s] { return launch_kernel<kM | k64, kP>(plan, s); };
+      return [&plan, s] { return launch_kernel<kM, kP>(plan, s); };
+    };
+    using std::integral_constant;
+    using I = integral_constant<int, kI8>;
+    using X = integral_constant<int, kX8>;
+    struct Entry {
+      const char* name;
+      std::function<openvc::Status()> launch;
+    };
+    const Entry entries[] = {
+        {"int8 expcast", pick(I{}, integral_constant<int, kNoProbe>{}, p8)},
+        {"exp2 0/4 poly", pick(X{}, integral_constant<int, kExp2AllMufu>{}, p8x)},
+        {"exp2 1/4 poly", pick(X{}, integral_constant<int, kExp2PolyQuarter>{}, p8x)},
+        {"exp2 2/4 poly", pick(X{}, integral_constant<int, kNoProbe>{}, p8x)},
+        {"exp2 3/4 poly", pick(X{}, integral_constant<int, kExp2PolyThreeQuarters>{}, p8x)},
+        {"exp2 4/4 poly", pick(X{}, integral_constant<int, kCorrectedExpCast>{}, p8x)},
+    };
+    constexpr int kE = int(sizeof(entries) / sizeof(entries[0]));
+    std::vector<__nv_bfloat16> hq(B == 1 ? n : 0), hk(hq.size()), hv(hq.size()), ho(hq.size());
+    if (B == 1) {
+      CHECK_CUDA(cudaMemcpy(hq.data(), q, n * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hk.data(), k, n * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(hv.data(), v, n * 2, cudaMemcpyDeviceToHost));
+    }
+    double err[kE];
+    for (int e = 0; e < kE; ++e) {
+      err[e] = std::nan("");
+      CHECK_CUDA(cudaMemsetAsync(out, 0xFF, n * 2, s));
+      CHECK_OK(entries[e].launch());
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      if (B != 1) continue;
+      CHECK_CUDA(cudaMemcpy(ho.data(), out, n * 2, cudaMemcpyDeviceToHost));
+      err[e] = sampled_rel_l2(hq, hk, hv, ho, S, H, D, 32);
+    }
+    std::vector<float> ratio[kE], best(kE, 1e30f);
+    for (int r = 0; r < rounds; ++r) {
+      float t[kE];
+      for (int e = 0; e < kE; ++e) {
+        t[e] = graph_median_ms([&] { CHECK_OK(entries[e].launch()); }, s, 1, reps);
+        best[e] = std::min(best[e], t[e]);
+      }
+      for (int e = 0; e < kE; ++e) ratio[e].push_back(t[e] / t[0]);
+    }
+    for (int e = 0; e < kE; ++e) {
+      std::sort(ratio[e].begin(), ratio[e].end());
+      std::printf("  split D=%d %-14s %.1f TFLOP/s | time vs int8 expcast %+.2f%% (paired median of %d) | rel L2 %.5f\n",
+                  D, entries[e].name, flop / best[e] * 1e-9, 100.0 * (ratio[e][rounds / 2] - 1.0), rounds, err[e]);
+    }
+  }
+#endif
   if (argc > 6 && std::string(argv[6]) == "repair") {
     // Kernel-side cost of V residual repair tiles (the selection is timed by the Python benchmark):
     // round(budget * S) rows per head of arbitrary codes, visited after every original block.

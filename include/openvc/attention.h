@@ -21,7 +21,8 @@ enum class QkFormat { kE4M3, kInt8 };
 inline constexpr int kInt8KeyGroups = 8;
 // P format (numerics "P format"): ExpCast's linear codes (section 3, the default) or exp2, the E4M3
 // rounding (satfinite) of the exponential, p = e4m3(2^(acc * a/8 + 8 - M/8)) (ex2.approx on the device) for
-// keys 0-63 of each 128-key block, a polynomial code within one step of it (97% equal) for keys 64-127. kExp2 takes INT8 Q/K only (every fast call form); E4M3 Q/K, repair rows and VC mode: Unsupported.
+// keys 0-63 of each 128-key block, a polynomial code within one step of it (97% equal) for keys 64-127.
+// kExp2 takes INT8 Q/K only (every fast call form); E4M3 Q/K, repair rows and VC mode: Unsupported.
 enum class PFormat { kExpCast, kExp2 };
 
 inline constexpr int kQuantBlock = 128;      // tokens per Q/K descale group, and the key tile

@@ -122,8 +122,9 @@ float expcast_multiplier(float softmax_scale, float descale_q, float descale_k);
 uint8_t expcast_code(float acc, float a, float row_max);
 
 // ---- P format (numerics "P format") ---------------------------------------------------------------
-// kExpCast: expcast_code above (the default). kExp2: the E4M3 rounding of an exact exponential,
-//   x = fmaf(acc, a * 0.125f, 8.0f - row_max * 0.125f);  code = e4m3_encode((float)exp2((double)x))
+// kExpCast: expcast_code above (the default). kExp2: the E4M3 rounding of the exponential, exact for keys 0-63
+// of each 128-key block and a polynomial code within one step of it for keys 64-127 (below):
+//   exp2_code: x = fmaf(acc, a * 0.125f, 8.0f - row_max * 0.125f);  code = e4m3_encode((float)exp2((double)x))
 // (a/8 and row_max/8 exact; 8 - row_max/8 one FP32 rounding; e4m3_encode saturates to 448: huge x and
 // +inf give 0x7E, -inf gives 0, NaN gives 0x7F). At the row max x = 8 (p = 256 = 0x78, as ExpCast's
 // code 120), so l, rescale and LSE are unchanged. The GPU kernel runs kExp2 with INT8 Q/K only and

@@ -71,7 +71,7 @@ def p_format(x, fmt=None, qk_name="qk_format", name="p_format") -> str:
         got = repr(x) if isinstance(x, str) else f"{x!r} ({type(x).__name__})"
         raise ValueError(f"{name}: expected one of {list(P_FORMATS)}, got {got}")
     if fmt is not None and x == "exp2" and fmt != "int8":
-        raise ValueError(f"{name}: 'exp2' (P as E4M3 of an exact exponential) is implemented for INT8 Q/K only "
+        raise ValueError(f"{name}: 'exp2' (P as the E4M3 rounding of the exponential) is implemented for INT8 Q/K only "
                          f"(every fast-path call with qk_format='int8'), got {qk_name}={fmt!r}; use "
                          f"p_format='expcast' or qk_format='int8'")
     return x

@@ -28,7 +28,7 @@ from test_int8_mode import DENSE, fake_mode, int8_tensors
 SMOOTH = dict(qk_format="int8", k_smoothing=True)
 EXP2 = dict(qk_format="int8", k_smoothing=True, p_format="exp2")
 EXP2_PLAIN = dict(qk_format="int8", p_format="exp2")
-RULE = r"^p_format: 'exp2' \(P as E4M3 of an exact exponential\) is implemented for INT8 Q/K only"
+RULE = r"^p_format: 'exp2' \(P as the E4M3 rounding of the exponential\) is implemented for INT8 Q/K only"
 
 
 def e4m3_tensors(torch, b=1, sq=200, sk=300, h=2, d=128, device="meta"):

@@ -13,7 +13,7 @@ to FA3 in the dense, causal and head-dim-64 cases: sageattn(q, k, v, tensor_layo
 quantization inside the call, timed EAGERLY (CUDA events around back-to-back calls; its launches do not
 replay from a CUDA graph). Case `int8` (issue 25's acceptance shapes: dense S = 73,397 at H = 7 and 56,
 S = 32,760 H = 40, causal S = 32,768 H = 7, D = 64 S = 24,576 H = 32) times openvc with Q/K in E4M3, INT8,
-INT8 + K smoothing and INT8 + K smoothing with P = E4M3 of an exact exponential (``int8+smooth+exp2``:
+INT8 + K smoothing and INT8 + K smoothing with P = the E4M3 rounding of the exponential (``int8+smooth+exp2``:
 p_format="exp2"; complete calls, CUDA graph and eager, and the kernel on a prepared input), SA2,
 the FA3 FP8 kernel, FA3 BF16 and cuDNN BF16, and checks every output against cuDNN BF16 (rel L2) before
 timing. The record holds the per-round samples and paired ratios (median and per round) of every openvc

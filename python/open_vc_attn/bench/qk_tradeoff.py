@@ -2,7 +2,7 @@
 
 Methods: openvc with Q/K in E4M3, E4M3 + K smoothing, INT8, INT8 + K smoothing (``attention(q, k, v,
 qk_format=..., k_smoothing=...)``, the complete call: preparation + attention), and INT8 + K smoothing with
-P = E4M3 of an exact exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``); SageAttention2
+P = the E4M3 rounding of the exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``); SageAttention2
 (``sageattn(q, k, v, tensor_layout="NHD")``, INT8 Q/K per thread with K smoothing, FP8 PV); FlashAttention-3
 FP8 with per-(batch, head) descales (quantization included in the complete call; the kernel alone is timed
 too); cuDNN BF16 through torch SDPA. A method whose package is not importable (or an openvc build without

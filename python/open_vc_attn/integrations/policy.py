@@ -43,7 +43,7 @@ FALLBACK = "fallback"
 AUTO = "auto"               # qk_format of a policy that lets each module's first call choose (_auto_format)
 
 # The measurement DispatchPolicy's defaults come from (repository path; a test checks the two agree).
-CROSSOVER_RECORD = "bench/results/2026-12-01-h200-compact-packed/dispatch_floor_oneshot.json"
+CROSSOVER_RECORD = "bench/results/2026-12-04-h200-seventeenth/dispatch_floor.json"
 
 _DTYPES = ("torch.bfloat16", "torch.float16")
 _MASK_DTYPES = ("torch.bool", "torch.bfloat16", "torch.float16", "torch.float32")
@@ -56,13 +56,14 @@ class DispatchPolicy:
     min_query_tokens / min_key_tokens: calls with fewer query tokens or fewer keys (per sequence) go to the
     framework. The defaults are the measured crossover against torch SDPA in BF16 on an H200 (D = 128, eager
     calls as a framework makes them; `scripts/device/check.sh dispatch-floor`, record
-    bench/results/2026-12-01-h200-compact-packed/dispatch_floor_oneshot.json): over the (Sq, Sk) grid from 256 to
+    bench/results/2026-12-04-h200-seventeenth/dispatch_floor.json): over the (Sq, Sk) grid from 256 to
     65,536 at 12, 24 and 40 heads, every call with at least 4,096 queries and 4,096 keys ran faster on
-    openvc (self-attention at 4,096 tokens: 1.02x / 1.20x / 1.21x at 12 / 24 / 40 heads; 2,048: 0.24-0.54x),
+    openvc (self-attention at 4,096 tokens: 1.33x / 1.33x / 1.40x at 12 / 24 / 40 heads; 2,048: 0.52-0.72x),
     the rectangle that holds the most of the grid's work (94%). Below, quantization and openvc's fixed
-    per-call host cost (about 0.18 ms eager in that run, SDPA's 0.05 ms; 0.08-0.10 ms since attention() is one
-    op, bench/results/2026-12-02-h200-one-call/) do not pay, and text cross-attention (Wan: 512 text tokens,
-    257 image tokens) stays on the framework.
+    per-call host cost (0.13 ms eager in that run, SDPA's 0.04 ms) do not pay. Text cross-attention (Wan: 512
+    text tokens, 257 image tokens) stays on the framework: at 512 keys openvc wins from 32,768 queries at 24
+    and 40 heads (1.01-1.06x) but not at 12 heads (0.89-1.01x up to 65,536 queries), and those calls are about
+    1% of a video model's attention work.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     qk_format, k_smoothing: passed to every openvc call (:func:`open_vc_attn.attention`'s arguments): "e4m3"
     (default) or "int8" Q/K codes, and K smoothing (False by default). Checked here: ValueError naming

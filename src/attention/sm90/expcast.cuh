@@ -130,10 +130,25 @@ __device__ __forceinline__ uint32_t pack_code_pairs(uint16_t lo, uint16_t hi) {
 // spacing 8), |d|, then relu(h + |d| (k/8 |d| - k)) rounded to an integer by adding 1024 (f16 spacing 1): the
 // low byte of each half is the code, 0..120 for x <= 120. NaN gives the f16 canonical NaN, low byte 0xFF (an
 // E4M3 NaN). The reference emulates each f16 rounding (reference::exp2_poly_code).
-inline constexpr uint32_t kPolyOctaveF16x2 = 0x72007200u;  // 12288, 12288
-inline constexpr uint32_t kPolyK8F16x2 = 0x297D297Du;      // k/8 = 0.0428772, both halves
-inline constexpr uint32_t kPolyNegKF16x2 = 0xB57DB57Du;    // -k = -0.343018
-inline constexpr uint32_t kPolyRoundF16x2 = 0x64006400u;   // 1024
+// The f16 bits of a double that f16 holds exactly (normal range), in both halves: the constants below are the
+// reference's (one definition); a value f16 does not hold is a compile error (the throw in a constant expression).
+constexpr uint32_t f16x2_splat(double v) {
+  const double a = v < 0 ? -v : v;
+  int e = 0;
+  double m = a;
+  while (m >= 2.0) m /= 2.0, ++e;
+  while (m < 1.0) m *= 2.0, --e;
+  const double frac = (m - 1.0) * 1024.0;
+  if (e < -14 || e > 15 || frac != static_cast<double>(static_cast<uint32_t>(frac))) throw "not an f16 normal";
+  const uint32_t h = (v < 0 ? 0x8000u : 0u) | (static_cast<uint32_t>(e + 15) << 10) | static_cast<uint32_t>(frac);
+  return h | (h << 16);
+}
+inline constexpr uint32_t kPolyOctaveF16x2 = f16x2_splat(reference::kPolyOctave);   // 12288 = 0x7200
+inline constexpr uint32_t kPolyK8F16x2 = f16x2_splat(reference::kPolyK8);           // k/8 = 0.0428772, 0x297D
+inline constexpr uint32_t kPolyNegKF16x2 = f16x2_splat(reference::kPolyNegK);       // -k = -0.343018, 0xB57D
+inline constexpr uint32_t kPolyRoundF16x2 = f16x2_splat(1024.0);                    // spacing 1: rounds to integers
+static_assert(kPolyOctaveF16x2 == 0x72007200u && kPolyK8F16x2 == 0x297D297Du && kPolyNegKF16x2 == 0xB57DB57Du &&
+              kPolyRoundF16x2 == 0x64006400u);
 __device__ __forceinline__ uint32_t exp2_poly_pair(float x0, float x1) {
   uint32_t r;
   asm("{\n\t.reg .b32 h, t, d;\n\t"
@@ -150,7 +165,8 @@ __device__ __forceinline__ uint32_t exp2_poly_pair(float x0, float x1) {
   return r;
 }
 // min(x, 120) keeping NaN (fminf would drop it): tiles that may hold huge scores, whose addend's rounding can put
-// x past 120, where the polynomial code would leave 0..120 (121 and up reach E4M3's NaN 0x7F).
+// x well past 120, where the code would leave 0..120: 121-126 are finite E4M3 values above p = 256 (up to 448), 127
+// is NaN, and larger x wraps the low byte (x = 1000 gives 0xE8; x >= 65504 saturates the f16 and gives 0).
 __device__ __forceinline__ float poly_clip(float x) {
   float r;
   asm("min.NaN.f32 %0, %1, 0f42F00000;" : "=f"(r) : "f"(x));

@@ -36,7 +36,8 @@ enum Mode : int {
   kInt8QkMode = 32,
   // P format exp2 (p_format exp2, numerics "P format"): codes are E4M3 roundings of the exponential instead
   // of ExpCast's linear code: keys 0-63 of each tile p = e4m3_satfinite(2^(acc * a/8 + 8 - M/8)) (FFMA,
-  // MUFU.EX2, half an F2FP per score), keys 64-127 a polynomial code in f16x2 on the FMA pipe (within one step). The same registers, key order, max, masks, rescale and [V|1] row sums.
+  // MUFU.EX2, half an F2FP per score), keys 64-127 a polynomial code in f16x2 on the FMA pipe (within one
+  // step). The same registers, key order, max, masks, rescale and [V|1] row sums.
   // INT8 only (with causal, varlen and head dim 64; not with repair or VC).
   kExp2PMode = 64,
   // Block-sparse (numerics section 5, "Key block lists"): each query tile visits the 128-key blocks of its

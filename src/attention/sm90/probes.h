@@ -2,7 +2,7 @@
 // breakdown in docs/performance.md (bench/cpp/bench_attention.cu, built with OPENVC_BENCH_VARIANTS).
 // Never built into the library. The skip/double probes compute wrong results on purpose; the others
 // (marked) compute the production result. Probes apply to the plain mode only (kInt8ConvertMagic: to the
-// INT8 mode; kExp2AllMufu and kCorrectedExpCast: to the exp2 mode too).
+// INT8 mode; kExp2AllMufu, kCorrectedExpCast, kExp2PolyQuarter and kExp2PolyThreeQuarters: to the exp2 mode too).
 #pragma once
 
 #include "attention/sm90/config.h"
@@ -32,6 +32,9 @@ enum Probe : int {
   kExp2AllMufu = 65536,       // exp2 mode: every key group on MUFU ex2 (the exp2 format before the split of
                               // the exponentials between MUFU and the FMA pipe; a different result). In the exp2
                               // mode kCorrectedExpCast takes every key group to the polynomial code (no MUFU)
+  kExp2PolyQuarter = 131072,        // exp2 mode: key group 3 (keys 96-127) on the polynomial, 0-2 on MUFU (a
+                                    // different result: the split's balance, bench "split")
+  kExp2PolyThreeQuarters = 262144,  // exp2 mode: key groups 1-3 (keys 32-127) on the polynomial, 0 on MUFU
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.

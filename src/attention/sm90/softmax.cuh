@@ -255,10 +255,11 @@ __device__ __forceinline__ void convert_tile(const float (&s)[64], A a, float b_
 // Key groups kb < 4 - kPolyGroups (production kPolyGroups = 2: keys 0-63 of the tile, the half-0 multipliers) code
 // e4m3(2^(acc * a2 + b2)) on the MUFU unit (exp2_pair; a2 = a' 2^21 per row and half, b2 = 8 - M' 2^21 per row);
 // the others (keys 64-127) the polynomial code on the FMA pipe (exp2_poly_pair; unscaled code units: a' 2^24 and
-// 120 - M' 2^24, exact scalings). The two pipes share the tile's exponentials: MUFU for all 128 keys cost +18%
-// against ExpCast codes, the half split +10%, the polynomial for all +28% (docs/performance.md, fifteenth
-// session). m_lo / m_hi: the rows' maxima (scaled). Both codes are 256 (0x78) at the max; MUFU saturates to 448
-// by itself, the polynomial's input is clipped at 120 in tiles that may hold huge scores (kClip).
+// 120 - M' 2^24, exact scalings). The two pipes share the tile's exponentials: against ExpCast codes, MUFU for
+// all 128 keys cost +21.2%, the polynomial for all +17.3%, the half split +10.3% (H200, S = 32,768, H = 7;
+// docs/performance.md, bench/results/2026-12-03-h200-sixteenth/). m_lo / m_hi: the rows' maxima (scaled). Both
+// codes are 256 (0x78) at the max; MUFU saturates to 448 by itself, the polynomial's input is clipped at 120 in
+// tiles that may hold huge scores (kClip).
 template <bool kMagic, int kPolyGroups, bool kClip>
 __device__ __forceinline__ void convert_tile_exp2(const float (&s)[64], QuadMult a, float m_lo, float m_hi,
                                                   uint32_t (&p)[16]) {
@@ -368,8 +369,13 @@ __device__ __forceinline__ void convert_codes(float m_lo, float m_hi, const floa
   if constexpr (kExp2) {
     static_assert(std::is_same_v<A, QuadMult>, "the exp2 P format takes INT8 Q/K only");
     constexpr bool kMagic = (kProbe & kInt8ConvertMagic) != 0;
-    // Key groups on the FMA pipe: 2 of 4 (production); probes: none (kExp2AllMufu), all (kCorrectedExpCast).
-    constexpr int kPoly = (kProbe & kExp2AllMufu) ? 0 : (kProbe & kCorrectedExpCast) ? 4 : 2;
+    // Key groups on the FMA pipe: 2 of 4 (production); probes: none (kExp2AllMufu), 1 (kExp2PolyQuarter), 3
+    // (kExp2PolyThreeQuarters), all (kCorrectedExpCast).
+    constexpr int kSplitProbes = kExp2AllMufu | kExp2PolyQuarter | kExp2PolyThreeQuarters | kCorrectedExpCast;
+    constexpr int kPoly = (kProbe & kExp2AllMufu) ? 0 : (kProbe & kExp2PolyQuarter) ? 1
+                          : (kProbe & kExp2PolyThreeQuarters) ? 3 : (kProbe & kCorrectedExpCast) ? 4 : 2;
+    static_assert((kProbe & kSplitProbes) || (4 - kPoly) * 32 == reference::kExp2PolyFirstKey,
+                  "the production split must be the reference's (exp2_format_code)");
     if (kMaybePartial && clip) convert_tile_exp2<kMagic, kPoly, true>(s, a, m_lo, m_hi, p);
     else convert_tile_exp2<kMagic, kPoly, false>(s, a, m_lo, m_hi, p);
     if (kMaybePartial && mask.on) mask_codes(p, mask.lo, mask.hi, t);
@@ -402,8 +408,8 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
 // needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
-// qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for real data (the bound is ~1e-4 for video
-// inputs). Each warp reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
+// qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for real
+// data (the bound is ~1e-4 for video inputs). Each warp reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
 template <typename A>
 __device__ __forceinline__ bool tile_may_be_huge(A qscale_rows, const float* kd, int nk) {
   constexpr bool kInt8 = std::is_same_v<A, RowMult>;

@@ -1,10 +1,12 @@
 // The exp2 P format's code sequences on the device (numerics section 10) against the reference's code
 // functions, score by score: keys 0-63 (MUFU ex2 + the E4M3 conversion) within one step of exp2_code, keys 64-127
-// (the f16x2 polynomial) equal to exp2_poly_code. The format in the kernel: test_attention_sm90_int8_modes.cu.
+// (the f16x2 polynomial) equal to exp2_poly_code; then the kernel's tile conversion (convert_codes), column by
+// column, against exp2_format_code. The format in the kernel: test_attention_sm90_int8_modes.cu.
 // Run: openvc_gpu_tests --gtest_filter='Sm90Int8Exp2P.Device*'
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "attention/sm90/expcast.cuh"
+#include "attention/sm90/softmax.cuh"
 #include "gpu/gpu_test_util.h"
 #include "openvc/reference.h"
 
@@ -87,9 +90,14 @@ TEST(Sm90Int8Exp2P, DeviceCodesMatchReferenceWithinOneStep) {
 
 // ---- The exp2 format's polynomial code (keys 64-127) on the device against reference::exp2_poly_code ----------
 // out[i] = pack_codes(exp2_poly_pair(x0, x1), exp2_poly_pair(x2, x3)) of scores 4i..4i+3, x = min(fmaf(acc, a,
-// 120 - M), 120) as in the kernel's clipped tiles (unclipped tiles have x <= 120.25, which codes 120 either way).
+// 120 - M), 120) as in the kernel's clipped tiles (unclipped tiles have x below 120.8125, which codes 120 either
+// way: the specials 120.25 and 120.75 below, unclipped, check that).
 // The f16 operations are deterministic and the reference rounds each one, so every code must be equal: this pins
 // the operand order of the f16x2 conversion, the constants and the NaN byte.
+__global__ void raw_poly_codes_kernel(const float* x, uint32_t* out) {   // four positions, no clip
+  out[0] = openvc::sm90::pack_codes(openvc::sm90::exp2_poly_pair(x[0], x[1]), openvc::sm90::exp2_poly_pair(x[2], x[3]));
+}
+
 __global__ void exp2_poly_codes_kernel(const float* acc, const float* a, const float* m, uint32_t* out, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;
@@ -135,6 +143,124 @@ TEST(Sm90Int8Exp2P, DevicePolyCodesEqualReference) {
   }
   EXPECT_EQ(differ, 0);
   EXPECT_GT(nonzero, n / 2);
+  // Unclipped tiles: the FMA's rounding of 120 - M can put the row max's own x up to 120.75 (M in (-2^23,
+  // -2^23 + 120]); 120.25 and 120.75 code 120 without the clip (ties to even), 120.8125 would give 121.
+  for (const float x : {120.25f, 120.75f}) {
+    DevBuf dx(4 * sizeof(float)), dc(sizeof(uint32_t));
+    const std::vector<float> xs = {x, x, x, x};
+    ASSERT_TRUE(openvc::testing::upload(dx.p, xs));
+    raw_poly_codes_kernel<<<1, 1>>>(dx.as<float>(), dc.as<uint32_t>());
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(download<uint32_t>(dc.p, 1).at(0), 0x78787878u) << "x = " << x;
+  }
+}
+
+// ---- The tile conversion as the kernel calls it: convert_codes of the exp2 mode on one warp's score fragment --------
+// The wgmma accumulator layout of a 16-row slice: lane l (g = l / 4, t = l % 4) holds s[4j + 0, 1] = row g, columns
+// 8j + 2t + {0, 1} and s[4j + 2, 3] = row g + 8, j = 0..15 (128 key columns); p[4kb + r] holds the codes of
+// columns c, c + 1, c + 8, c + 9, c = 32kb + 16 (r >= 2) + 2t, of row g (even r) or g + 8 (odd r). Multipliers
+// per row and key half (INT8 K groups: columns 0-63 half 0, 64-127 half 1), maxima per row, in reference units;
+// the kernel's scaled domain is 2^-24 of them (exact).
+struct TileCase {
+  std::vector<int32_t> acc;   // [tiles][16][128]
+  std::vector<float> a, m;    // [tiles][16][2], [tiles][16]
+};
+
+template <bool kClip>
+__global__ void exp2_tile_kernel(const int32_t* acc, const float* a, const float* m, uint32_t* out) {
+  const int tile = blockIdx.x, lane = threadIdx.x, g = lane / 4, t = lane % 4;
+  const int32_t* rows = acc + tile * 16 * 128;
+  float s[64];
+  for (int j = 0; j < 16; ++j)
+    for (int k = 0; k < 4; ++k) s[4 * j + k] = __int_as_float(rows[(g + 8 * (k / 2)) * 128 + 8 * j + 2 * t + k % 2]);
+  const float* am = a + tile * 32;
+  const openvc::sm90::QuadMult q{am[2 * g] * 0x1p-24f, am[2 * g + 1] * 0x1p-24f, am[2 * (g + 8)] * 0x1p-24f,
+                                 am[2 * (g + 8) + 1] * 0x1p-24f};
+  uint32_t p[16];
+  const openvc::sm90::BlockMask none{128, 128, false};
+  openvc::sm90::convert_codes<0, kClip, true>(m[tile * 16 + g] * 0x1p-24f, m[tile * 16 + g + 8] * 0x1p-24f, s, q,
+                                              none, t, false, kClip, p);
+  for (int r = 0; r < 16; ++r) out[(tile * 32 + lane) * 16 + r] = p[r];
+}
+
+// Codes [tiles][16][128] of the kernel's conversion, decoded from the registers by the layout above.
+template <bool kClip>
+void device_tile_codes(const TileCase& c, int tiles, std::vector<uint8_t>& codes) {
+  DevBuf dacc(c.acc.size() * 4), da(c.a.size() * 4), dm(c.m.size() * 4), dout(size_t(tiles) * 32 * 16 * 4);
+  EXPECT_TRUE(openvc::testing::upload(dacc.p, c.acc) && openvc::testing::upload(da.p, c.a) &&
+              openvc::testing::upload(dm.p, c.m));
+  CUDA_OK(cudaMemset(dout.p, 0xEE, size_t(tiles) * 32 * 16 * 4));
+  exp2_tile_kernel<kClip><<<tiles, 32>>>(dacc.as<int32_t>(), da.as<float>(), dm.as<float>(), dout.as<uint32_t>());
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint32_t> regs = download<uint32_t>(dout.p, size_t(tiles) * 32 * 16);
+  codes.assign(size_t(tiles) * 16 * 128, 0xEE);
+  for (int tile = 0; tile < tiles && regs.size() == size_t(tiles) * 32 * 16; ++tile)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int r = 0; r < 16; ++r)
+        for (int b = 0; b < 4; ++b) {
+          const int row = lane / 4 + 8 * (r % 2), kb = r / 4;
+          const int col = 32 * kb + 16 * ((r % 4) >= 2) + 8 * (b / 2) + 2 * (lane % 4) + b % 2;
+          codes[(size_t(tile) * 16 + row) * 128 + col] = uint8_t(regs[(size_t(tile) * 32 + lane) * 16 + r] >> (8 * b));
+        }
+}
+
+// Every column at x = 102 code units (acc = 0, M = 18): the MUFU code (0x65, the E4M3 rounding) and the polynomial's
+// (0x66) differ there, so the columns must split at kExp2PolyFirstKey exactly as exp2_format_code says.
+TEST(Sm90Int8Exp2P, DeviceTileSplitsKeysAtTheReferencesColumn) {
+  SKIP_WITHOUT_SM90();
+  TileCase c{std::vector<int32_t>(16 * 128, 0), std::vector<float>(32, 1.0f), std::vector<float>(16, 18.0f)};
+  ASSERT_NE(ref::exp2_code(0, 1, 18), ref::exp2_poly_code(0, 1, 18));   // the probe must tell the two apart
+  std::vector<uint8_t> got;
+  ASSERT_NO_FATAL_FAILURE(device_tile_codes<false>(c, 1, got));
+  for (int row = 0; row < 16; ++row)
+    for (int col = 0; col < 128; ++col) {
+      const uint8_t want = col < ref::kExp2PolyFirstKey ? ref::exp2_code(0, 1, 18) : ref::exp2_poly_code(0, 1, 18);
+      ASSERT_EQ(int(got[row * 128 + col]), int(want)) << "row " << row << " column " << col;
+      ASSERT_EQ(int(want), int(ref::exp2_format_code(0, 1, 18, col)));
+    }
+}
+
+// Random tiles, unclipped (M = the row's largest acc * a, as the kernel's running max) and clipped (M up to 40
+// code units below it: x past 120, the general step's huge-score tiles): each column's code against
+// exp2_format_code, the polynomial's columns equal, MUFU's within one step (ex2.approx, as above).
+template <bool kClip>
+void check_random_tiles(uint32_t seed) {
+  const int tiles = 512;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> gauss(0.0f, 20000.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  TileCase c{std::vector<int32_t>(size_t(tiles) * 16 * 128), std::vector<float>(size_t(tiles) * 32),
+             std::vector<float>(size_t(tiles) * 16)};
+  for (auto& v : c.acc) v = int32_t(std::lround(gauss(rng)));
+  for (auto& v : c.a) v = std::ldexp(0.5f + uni(rng), -10 - int(uni(rng) * 4));
+  for (int r = 0; r < tiles * 16; ++r) {
+    float mx = -INFINITY;
+    for (int col = 0; col < 128; ++col) mx = std::max(mx, float(c.acc[size_t(r) * 128 + col]) * c.a[2 * r + col / 64]);
+    c.m[r] = kClip ? mx - uni(rng) * 40.0f : mx;
+  }
+  std::vector<uint8_t> got;
+  ASSERT_NO_FATAL_FAILURE(device_tile_codes<kClip>(c, tiles, got));
+  int64_t off_by_one = 0, worse = 0, poly_nonzero = 0;
+  for (int r = 0; r < tiles * 16; ++r)
+    for (int col = 0; col < 128; ++col) {
+      const float acc = float(c.acc[size_t(r) * 128 + col]), a = c.a[2 * r + col / 64];
+      const uint8_t want = ref::exp2_format_code(acc, a, c.m[r], col), dev = got[size_t(r) * 128 + col];
+      if (col >= ref::kExp2PolyFirstKey) poly_nonzero += want != 0;
+      if (dev == want) continue;
+      if (col < ref::kExp2PolyFirstKey && std::abs(int(dev) - int(want)) == 1) ++off_by_one;
+      else if (worse++ < 5)
+        ADD_FAILURE() << "row " << r % 16 << " column " << col << " acc=" << acc << " a=" << a << " m=" << c.m[r]
+                      << " device " << int(dev) << " reference " << int(want);
+    }
+  EXPECT_EQ(worse, 0);
+  EXPECT_LE(off_by_one, int64_t(tiles) * 16 * 64 / 10000);
+  EXPECT_GT(poly_nonzero, int64_t(tiles) * 16 * 64 / 20);
+}
+
+TEST(Sm90Int8Exp2P, DeviceTileCodesMatchTheFormatByColumn) {
+  SKIP_WITHOUT_SM90();
+  ASSERT_NO_FATAL_FAILURE(check_random_tiles<false>(2468));
+  ASSERT_NO_FATAL_FAILURE(check_random_tiles<true>(1357));
 }
 
 }  // namespace

@@ -432,8 +432,9 @@ TEST(Int8Attention, NonFiniteInputStaysInItsSequenceAndHead) {
 // mode too: every row's maximum still codes 120, so outputs and lse stay finite.
 TEST(Int8Attention, HugeScoresStayFinite) {
   Problem p = normal_problem({200}, {260}, 2, 64, 31, 3000.0f);
-  // exp2 P too: there M/8 (~1e6..1e7) has an ulp of at most 1, so x at the max key stays within 8 +- 0.5
-  // and the row's l > 0 (no slack is needed at these magnitudes; codes saturate, never NaN).
+  // exp2 P too: there M/8 (~1e6..1e7) has an ulp of at most 1, so on keys 0-63 x at the max key stays within
+  // 8 +- 0.5 (codes saturate at 448, never NaN); on keys 64-127 M's ulp is at most 8 code units, so the polynomial's
+  // x at the max key is at least 116 and is clipped at 120 (codes 0..120). Either way l > 0: no slack is needed.
   for (int variant = 0; variant < 4; ++variant) {
     const bool smoothing = variant % 2 == 1;
     AttentionOptions opt;
