@@ -471,11 +471,16 @@ int main(int argc, char** argv) {
       }
       for (int e = 0; e < kE; ++e) ratio[e].push_back(t[e] / t[0]);
     }
-    for (int e = 0; e < kE; ++e) {
+    for (int e = 0; e < kE; ++e) {   // best of the rounds (TF/s) and the paired median (the ratio)
       std::sort(ratio[e].begin(), ratio[e].end());
-      std::printf("  split D=%d %-14s %.1f TFLOP/s | time vs int8 expcast %+.2f%% (paired median of %d) | rel L2 %.5f\n",
-                  D, entries[e].name, flop / best[e] * 1e-9, 100.0 * (ratio[e][rounds / 2] - 1.0), rounds, err[e]);
+      std::printf("  split D=%d %-14s %.1f TFLOP/s | time vs int8 expcast %+.2f%% (paired median of %d) | rel L2 "
+                  "%.5f\n", D, entries[e].name, flop / best[e] * 1e-9, 100.0 * (ratio[e][rounds / 2] - 1.0), rounds,
+                  err[e]);
     }
+    CHECK_CUDA(cudaFree(qc8));
+    CHECK_CUDA(cudaFree(kc8));
+    CHECK_CUDA(cudaFree(qs8));
+    CHECK_CUDA(cudaFree(ks8));
   }
 #endif
   if (argc > 6 && std::string(argv[6]) == "repair") {

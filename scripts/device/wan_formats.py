@@ -14,8 +14,9 @@ sageattn for the calls openvc takes (Sage2Route), the text cross-attention left 
 backend gives the rel L2 and the calls by path, then --runs rounds time each backend once, in a seeded shuffled
 order (harness.visiting_orders); medians. openvc-auto is not timed: apply() and remove() around each forward would
 make every module choose again (the choice's first-call cost, not the format's); its forward is the timed one of
-the format its modules chose (the record's "auto_same_as", when they all chose one). --dry-run: tiny configs on the CPU, diffusers_e2e.py's kernel stand-in and
-a fake sageattn (both torch SDPA), thresholds 100 tokens: checks routing and counting, measures nothing.
+the format its modules chose (the record's "auto_same_as", when they all chose one). --dry-run: tiny configs on the
+CPU, diffusers_e2e.py's kernel stand-in and a fake sageattn (both torch SDPA), thresholds 100 tokens: checks
+routing and counting, measures nothing.
 """
 from __future__ import annotations
 

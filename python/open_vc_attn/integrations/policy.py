@@ -62,8 +62,8 @@ class DispatchPolicy:
     the rectangle that holds the most of the grid's work (94%). Below, quantization and openvc's fixed
     per-call host cost (0.13 ms eager in that run, SDPA's 0.04 ms) do not pay. Text cross-attention (Wan: 512
     text tokens, 257 image tokens) stays on the framework: at 512 keys openvc wins from 32,768 queries at 24
-    and 40 heads (1.01-1.06x) but not at 12 heads (0.89-1.01x up to 65,536 queries), and those calls are about
-    1% of a video model's attention work.
+    and 40 heads (1.01-1.06x), at 12 heads only at parity at 65,536 queries (0.89-0.93x at 16,384 and 32,768),
+    and those calls are about 1% of a video model's attention work.
     head_dims: head dims openvc takes (the fast path: 128 and 64).
     qk_format, k_smoothing: passed to every openvc call (:func:`open_vc_attn.attention`'s arguments): "e4m3"
     (default) or "int8" Q/K codes, and K smoothing (False by default). Checked here: ValueError naming
@@ -74,9 +74,9 @@ class DispatchPolicy:
     p_format otherwise, or for anything but the two strings.
     qk_format="auto": each attention module's first openvc call runs the candidate formats, fastest first
     (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same where the call returns its LSE, which
-    attention() gives for the keys as given with K smoothing), measures each one's rel L2 against exact FP32 attention on 256 sampled query rows, and keeps the
-    first within auto_tolerance for that module's calls, or sends them to the framework's attention when
-    none is (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing
+    attention() gives for the keys as given with K smoothing), measures each one's rel L2 against exact FP32
+    attention on 256 sampled query rows, and keeps the first within auto_tolerance for that module's calls, or
+    sends them to the framework's attention when none is (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing
     and p_format are then part of the choice: ValueError naming them unless they keep their defaults.
     auto_tolerance (default 0.05): the largest rel L2 of the sampled rows a format may have; a finite
     real > 0, else ValueError naming it. Why 0.05: SageAttention2, the quantized attention video users pick

@@ -134,6 +134,7 @@ __device__ __forceinline__ uint32_t pack_code_pairs(uint16_t lo, uint16_t hi) {
 // reference's (one definition); a value f16 does not hold is a compile error (the throw in a constant expression).
 constexpr uint32_t f16x2_splat(double v) {
   const double a = v < 0 ? -v : v;
+  if (!(a > 0) || a == a * 2) throw "not an f16 normal";   // 0, NaN, inf: the loops below would not end
   int e = 0;
   double m = a;
   while (m >= 2.0) m /= 2.0, ++e;
@@ -166,7 +167,8 @@ __device__ __forceinline__ uint32_t exp2_poly_pair(float x0, float x1) {
 }
 // min(x, 120) keeping NaN (fminf would drop it): tiles that may hold huge scores, whose addend's rounding can put
 // x well past 120, where the code would leave 0..120: 121-126 are finite E4M3 values above p = 256 (up to 448), 127
-// is NaN, and larger x wraps the low byte (x = 1000 gives 0xE8; x >= 65504 saturates the f16 and gives 0).
+// is NaN, larger x wraps the low byte (x = 1000 gives 0xE8), and from about x = 53,232 h + 12288 overflows f16 to
+// +inf, which gives 0.
 __device__ __forceinline__ float poly_clip(float x) {
   float r;
   asm("min.NaN.f32 %0, %1, 0f42F00000;" : "=f"(r) : "f"(x));

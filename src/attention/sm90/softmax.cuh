@@ -408,8 +408,9 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
 // needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
-// qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for real
-// data (the bound is ~1e-4 for video inputs). Each warp reads the descales itself (no barrier); NaN descales give false (NaN out anyway).
+// qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for
+// real data (the bound is ~1e-4 for video inputs). Each warp reads the descales itself (no barrier); NaN
+// descales give false (NaN out anyway).
 template <typename A>
 __device__ __forceinline__ bool tile_may_be_huge(A qscale_rows, const float* kd, int nk) {
   constexpr bool kInt8 = std::is_same_v<A, RowMult>;

@@ -143,8 +143,8 @@ TEST(Sm90Int8Exp2P, DevicePolyCodesEqualReference) {
   }
   EXPECT_EQ(differ, 0);
   EXPECT_GT(nonzero, n / 2);
-  // Unclipped tiles: the FMA's rounding of 120 - M can put the row max's own x up to 120.75 (M in (-2^23,
-  // -2^23 + 120]); 120.25 and 120.75 code 120 without the clip (ties to even), 120.8125 would give 121.
+  // Unclipped tiles: M's own rounding (a quarter code) and that of 120 - M (half a code, for M in (-2^23, -2^23 + 120])
+  // can put the row max's x up to 120.75; 120.25 and 120.75 code 120 without the clip (ties to even), 120.8125 121.
   for (const float x : {120.25f, 120.75f}) {
     DevBuf dx(4 * sizeof(float)), dc(sizeof(uint32_t));
     const std::vector<float> xs = {x, x, x, x};

@@ -432,9 +432,9 @@ TEST(Int8Attention, NonFiniteInputStaysInItsSequenceAndHead) {
 // mode too: every row's maximum still codes 120, so outputs and lse stay finite.
 TEST(Int8Attention, HugeScoresStayFinite) {
   Problem p = normal_problem({200}, {260}, 2, 64, 31, 3000.0f);
-  // exp2 P too: there M/8 (~1e6..1e7) has an ulp of at most 1, so on keys 0-63 x at the max key stays within
-  // 8 +- 0.5 (codes saturate at 448, never NaN); on keys 64-127 M's ulp is at most 8 code units, so the polynomial's
-  // x at the max key is at least 116 and is clipped at 120 (codes 0..120). Either way l > 0: no slack is needed.
+  // exp2 P too: here M is about 2^27.5..2^29 code units (M/8 ~2e7..6e7), so M's own rounding and the addend's move
+  // the max key's x by up to ~24 code units (y on keys 0-63 by ~3 around 8): the MUFU half saturates at 448 at most,
+  // the polynomial half is clipped at 120, and the max key's code stays far above 0, so l > 0 (never NaN).
   for (int variant = 0; variant < 4; ++variant) {
     const bool smoothing = variant % 2 == 1;
     AttentionOptions opt;
