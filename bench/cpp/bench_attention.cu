@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,36 @@ double sampled_rel_l2(const std::vector<__nv_bfloat16>& q, const std::vector<__n
     }
   return std::sqrt(num / den);
 }
+
+// INT8 Q/K codes and descales of the benchmark's inputs (numerics section 9): Q per row, K descales [B, H, nk, 8]
+// (key groups), in their own buffers, written by prepare_fp8 with the E4M3 preparation's other arguments (V too).
+struct Int8Codes {
+  uint8_t *q, *k;
+  float *qs, *ks;
+  openvc::PrepareParams prep;
+
+  Int8Codes(const openvc::PrepareParams& pp, size_t n, int B, int H, int S, int64_t nb) : prep(pp) {
+    CHECK_CUDA(cudaMalloc(&q, n));
+    CHECK_CUDA(cudaMalloc(&k, n));
+    CHECK_CUDA(cudaMalloc(&qs, size_t(B) * H * S * 4));
+    CHECK_CUDA(cudaMalloc(&ks, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
+    prep.qk_format = openvc::QkFormat::kInt8;
+    prep.q_codes = q, prep.q_descale = qs, prep.k_codes = k, prep.k_descale = ks;
+  }
+  Int8Codes(const Int8Codes&) = delete;
+  Int8Codes& operator=(const Int8Codes&) = delete;
+  ~Int8Codes() {
+    CHECK_CUDA(cudaFree(q));
+    CHECK_CUDA(cudaFree(k));
+    CHECK_CUDA(cudaFree(qs));
+    CHECK_CUDA(cudaFree(ks));
+  }
+  // The attention inputs of `a` switched to these codes.
+  void use_in(openvc::AttentionParams& a) const {
+    a.in.qk_format = openvc::QkFormat::kInt8;
+    a.in.q_codes = q, a.in.q_descale = qs, a.in.k_codes = k, a.in.k_descale = ks;
+  }
+};
 
 template <class F>
 float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
@@ -257,18 +288,10 @@ int main(int argc, char** argv) {
     // The INT8 Q/K mode (numerics section 9) against the E4M3 mode on the same BF16 inputs, dense and
     // causal, alternating in the same process (attention kernel and complete call, CUDA graphs, medians
     // of `rounds`). K descales [B, H, nk, 8] (key groups), all written by prepare_fp8.
-    uint8_t *qc8, *kc8;
-    float *qs8, *ks8;
-    CHECK_CUDA(cudaMalloc(&qc8, n));
-    CHECK_CUDA(cudaMalloc(&kc8, n));
-    CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
-    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));  // [B, H, nb, 8]
-    openvc::PrepareParams pp8 = pp;
-    pp8.qk_format = openvc::QkFormat::kInt8;
-    pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
+    const Int8Codes i8(pp, n, B, H, S, nb);
+    const openvc::PrepareParams& pp8 = i8.prep;
     openvc::AttentionParams ap8 = ap;
-    ap8.in.qk_format = openvc::QkFormat::kInt8;
-    ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    i8.use_in(ap8);
     openvc::AttentionParams apc = ap, ap8c = ap8;
     apc.causal = ap8c.causal = true;
     // INT8 + P format exp2 (numerics "P format", kExp2PMode): the same codes, dense and causal.
@@ -392,10 +415,6 @@ int main(int argc, char** argv) {
       }
     }
 #endif
-    CHECK_CUDA(cudaFree(qc8));
-    CHECK_CUDA(cudaFree(kc8));
-    CHECK_CUDA(cudaFree(qs8));
-    CHECK_CUDA(cudaFree(ks8));
   }
 #ifdef OPENVC_BENCH_VARIANTS
   if (argc > 6 && std::string(argv[6]) == "split") {
@@ -405,19 +424,10 @@ int main(int argc, char** argv) {
     // kernel of the same inputs (paired medians of interleaved rounds), with B = 1 the rel L2 against exact FP64
     // attention on 32 sampled rows per head.
     using namespace openvc::sm90;
-    uint8_t *qc8, *kc8;
-    float *qs8, *ks8;
-    CHECK_CUDA(cudaMalloc(&qc8, n));
-    CHECK_CUDA(cudaMalloc(&kc8, n));
-    CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
-    CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
-    openvc::PrepareParams pp8 = pp;
-    pp8.qk_format = openvc::QkFormat::kInt8;
-    pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
-    CHECK_OK(openvc::prepare_fp8(pp8, s));
+    const Int8Codes i8(pp, n, B, H, S, nb);
+    CHECK_OK(openvc::prepare_fp8(i8.prep, s));
     openvc::AttentionParams ap8 = ap;
-    ap8.in.qk_format = openvc::QkFormat::kInt8;
-    ap8.in.q_codes = qc8, ap8.in.q_descale = qs8, ap8.in.k_codes = kc8, ap8.in.k_descale = ks8;
+    i8.use_in(ap8);
     openvc::AttentionParams ap8x = ap8;
     ap8x.p_format = openvc::PFormat::kExp2;
     LaunchPlan p8, p8x;
@@ -477,10 +487,6 @@ int main(int argc, char** argv) {
                   "%.5f\n", D, entries[e].name, flop / best[e] * 1e-9, 100.0 * (ratio[e][rounds / 2] - 1.0), rounds,
                   err[e]);
     }
-    CHECK_CUDA(cudaFree(qc8));
-    CHECK_CUDA(cudaFree(kc8));
-    CHECK_CUDA(cudaFree(qs8));
-    CHECK_CUDA(cudaFree(ks8));
   }
 #endif
   if (argc > 6 && std::string(argv[6]) == "repair") {
@@ -540,20 +546,11 @@ int main(int argc, char** argv) {
     }
     if (sel == "int8-exp2-causal") ap.causal = true;
     if (sel == "int8-exp2" || sel == "int8-exp2-causal") ap.p_format = openvc::PFormat::kExp2;
+    std::optional<Int8Codes> i8;   // INT8 Q/K codes of the same inputs (numerics section 9), kept to the end
     if (sel == "int8" || sel == "int8-causal" || sel == "int8-exp2" || sel == "int8-exp2-causal") {
-      // INT8 Q/K codes of the same inputs (numerics section 9)
-      uint8_t *qc8, *kc8;
-      float *qs8, *ks8;
-      CHECK_CUDA(cudaMalloc(&qc8, n));
-      CHECK_CUDA(cudaMalloc(&kc8, n));
-      CHECK_CUDA(cudaMalloc(&qs8, size_t(B) * H * S * 4));
-      CHECK_CUDA(cudaMalloc(&ks8, size_t(B) * H * nb * openvc::kInt8KeyGroups * 4));
-      openvc::PrepareParams pp8 = pp;
-      pp8.qk_format = openvc::QkFormat::kInt8;
-      pp8.q_codes = qc8, pp8.q_descale = qs8, pp8.k_codes = kc8, pp8.k_descale = ks8;
-      CHECK_OK(openvc::prepare_fp8(pp8, s));
-      ap.in.qk_format = openvc::QkFormat::kInt8;
-      ap.in.q_codes = qc8, ap.in.q_descale = qs8, ap.in.k_codes = kc8, ap.in.k_descale = ks8;
+      i8.emplace(pp, n, B, H, S, nb);
+      CHECK_OK(openvc::prepare_fp8(i8->prep, s));
+      i8->use_in(ap);
     }
     const V variants[] = {
         {only_prev ? "production" : "plain mode (production above 6 key blocks)",

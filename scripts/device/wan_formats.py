@@ -42,9 +42,6 @@ TINY_HEADS = {"1.3b-480p": 2, "14b-720p": 4}   # distinct, so that the [B, H, S,
 DRY_MIN_TOKENS = 100     # dry run: 192-token self-attention taken, 12-key cross-attention not, as at real sizes
 SAGE2_MIN_SPEEDUP = 1.15
 AUTO = "openvc-auto"          # warm-up only (rel L2, choices): see the module doc
-# the choice in a route's reason ("openvc: qk_format=int8, k_smoothing (auto: rel L2 0.034 <= 0.05)") -> its backend
-AUTO_LABELS = {"openvc: qk_format=e4m3": "openvc-e4m3", "openvc: qk_format=int8, k_smoothing": "openvc-int8-smooth",
-               "openvc: qk_format=int8, k_smoothing, p_format=exp2": "openvc-int8-smooth-exp2"}
 
 
 def load(name, rel):
@@ -178,8 +175,11 @@ def run_config(name, cfg, layers, args, sage, policies):
     del outs
     timed = [b for b in names if b != AUTO]
     if AUTO in names:   # the format every openvc call of the auto forward chose, when there is one
+        # a route's reason names the choice by the fixed policy's label ("openvc: qk_format=int8, k_smoothing
+        # (auto: rel L2 0.041 <= 0.05)"; E4M3's empty label as qk_format=e4m3: _auto_format.Choice.reason)
+        backend_of = {f"openvc: {p.format_label or 'qk_format=e4m3'}": b for b, p in policies.items() if b != AUTO}
         chosen = {r.split(" (auto:")[0] for r in rec["backends"][AUTO]["routes"] if "auto:" in r}
-        rec["auto_same_as"] = AUTO_LABELS.get(chosen.pop()) if len(chosen) == 1 else None
+        rec["auto_same_as"] = backend_of.get(chosen.pop()) if len(chosen) == 1 else None
     times = {b: [] for b in timed}
     for order in harness.visiting_orders(timed, args.runs, seed=0):
         for b in order:
