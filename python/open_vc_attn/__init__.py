@@ -13,15 +13,18 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
 - GPU functions on torch CUDA tensors (Hopper, sm_90a), defined in ``open_vc_attn.api``:
   :func:`attention`, :func:`prepare_fp8` (batched, or packed sequences with cu_seqlens),
   :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
-  elsewhere). They import torch when called, not before; their custom ops live in the package
-  ``open_vc_attn.ops`` (imports torch; importing it registers every op). Argument rules:
-  ``open_vc_attn._checks``; sizes, layouts and the C++ library's constants: ``open_vc_attn._layout`` (mirrored
-  there, not read from the extension; tests/python/test_package_structure.py checks them against it).
+  elsewhere). A call that runs where openvc is known to be slow (the general path; at most 256 keys per
+  sequence) warns once per process with :class:`PerformanceWarning`. They import torch when called, not
+  before; their custom ops live in the package ``open_vc_attn.ops`` (imports torch; importing it registers
+  every op). Argument rules: ``open_vc_attn._checks``; sizes, layouts and the C++ library's constants:
+  ``open_vc_attn._layout`` (mirrored there, not read from the extension; tests/python/test_package_structure.py
+  checks them against it).
 """
 from __future__ import annotations
 
 import importlib
 
+from ._perf_warnings import PerformanceWarning
 from .api import PreparedFP8, attention, attention_fp8, prepare_fp8  # torch-free until called
 
 # The one version source: pyproject.toml (scikit-build-core regex provider) and CMakeLists.txt read it.
@@ -29,7 +32,8 @@ __version__ = "0.1.0"
 
 _SUBMODULES = ("reference", "video_inputs", "cli", "parallel", "masks", "kv_cache", "rotary", "ops")
 # Not "ops": a star import must not pull in torch.
-__all__ = ["__version__", "attention", "prepare_fp8", "attention_fp8", "PreparedFP8", *_SUBMODULES[:-1]]
+__all__ = ["__version__", "attention", "prepare_fp8", "attention_fp8", "PreparedFP8", "PerformanceWarning",
+           *_SUBMODULES[:-1]]
 
 
 def __getattr__(name):

@@ -19,7 +19,9 @@
 Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128 and
 64: dense, causal, packed sequences, key counts) and the general path on the CUDA cores (sizes past the
 fast path's 32-bit range), which is correct but far slower (not measured side by side): a call that lands
-there warns once per process and reason (RuntimeWarning). docs/api.md lists which call takes which path.
+there warns once per process and reason (``open_vc_attn.PerformanceWarning``, a RuntimeWarning). So does a fast-path
+call with at most 256 keys per sequence, where torch's own attention measured faster (:mod:`._perf_warnings`).
+docs/api.md lists which call takes which path.
 
 torch is imported inside the functions only, so ``import open_vc_attn`` stays torch-free. Every kernel is
 enqueued on ``torch.cuda.current_stream(device)`` with no host synchronization and no device-to-host
@@ -36,6 +38,7 @@ from typing import Any
 
 from . import _checks
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS
+from ._perf_warnings import warn_few_keys, warn_general_path
 
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 
@@ -132,21 +135,6 @@ def _max_seqlen(given, cu):
             or cu.dtype != torch.int32:
         return given
     return max(1, int((cu[1:] - cu[:-1]).max()))
-
-
-_WARNED = set()
-
-
-def _warn_general_path(reason):
-    """After a call that ran on the general path (reason: _checks.general_path_reason's, None on the fast
-    path): one RuntimeWarning per process and reason, as that path is correct but far slower."""
-    if reason is None or reason in _WARNED:
-        return
-    _WARNED.add(reason)
-    import warnings
-    warnings.warn(f"open_vc_attn: {reason}: this call runs on the general path (CUDA cores, correct but far "
-                  "slower than the sm_90a fast path); docs/api.md lists which calls take which path",
-                  RuntimeWarning, stacklevel=3)
 
 
 def _finish(out, lse, rank, return_lse):
@@ -254,7 +242,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     max_q, max_k = (meta["seqlen_q"], meta["seqlen_k"]) if varlen else (0, 0)
     out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, cu_q, cu_k, used), *tensors,
                               cu_q, cu_k, max_q, max_k, scale, causal, mid, want_lse, used, out_dtype, fmt, p_format)
-    _warn_general_path(reason)   # path "auto": the op took the general path exactly when there is a reason
+    warn_general_path(reason)   # path "auto": the op took the general path exactly when there is a reason
+    warn_few_keys(meta["seqlen_k"], reason)
     return _finish(out, lse, 4 if varlen else meta["input_rank"], want_lse)
 
 
@@ -373,7 +362,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                             batch=b, heads=int(q4.shape[2]))
         from . import ops
         out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks, causal_chunk)
-        _warn_general_path(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk))
+        reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
+        warn_general_path(reason)
+        warn_few_keys(sk, reason)
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
@@ -396,5 +387,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     from . import ops
     out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, *opts, None, None,
                                   causal_chunk)
-    _warn_general_path(_checks.general_path_reason(int(q.shape[-1]), max_q, max_k))
+    reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
+    warn_general_path(reason)
+    warn_few_keys(max_k, reason)
     return (out, lse) if want_lse else out

@@ -76,21 +76,25 @@ using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals that free a buffer
 
-// The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9): one per tile
-// for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows r and r + 8 of this thread).
-// INT8 q_descale is [sequences, H, seqlen_q] batched and packed alike (packed: seqlen_q = max_seqlen_q,
-// row i of sequence b at (b * H + h) * max_seqlen_q + i, 0 past the sequence's end). Rows past
-// seqlen_q (never stored; batched: Q codes zero) read the last row's descale, so with b < sequences
+// The tile's Q descales: one per tile for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows
+// r and r + 8 of this thread). INT8 q_descale is [sequences, H, seqlen_q] batched and packed alike (packed:
+// seqlen_q = max_seqlen_q, row i of sequence b at (b * H + h) * max_seqlen_q + i, 0 past the sequence's end).
+// Rows past seqlen_q (never stored; batched: Q codes zero) read the last row's descale, so with b < sequences
 // and h < H (the tile space) no read leaves the [sequences * H * seqlen_q] array whatever the offsets.
 template <int kMode>
-__device__ __forceinline__ auto q_multiplier(const KernelParams& p, const TileCoord& c, int row) {
+__device__ __forceinline__ auto q_descales(const KernelParams& p, const TileCoord& c, int row) {
   if constexpr (has_mode<kMode>(kInt8QkMode)) {
     const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
     const int r = c.qt * kBlockM + row, last = p.seqlen_q - 1;
-    return RowMult{p.qk_multiplier * __ldg(dq + min(r, last)), p.qk_multiplier * __ldg(dq + min(r + 8, last))};
+    return RowMult{__ldg(dq + min(r, last)), __ldg(dq + min(r + 8, last))};
   } else {
-    return p.qk_multiplier * p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
+    return p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
   }
+}
+// The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9), of q_descales' loads.
+__device__ __forceinline__ float q_multiplier(const KernelParams& p, float dq) { return p.qk_multiplier * dq; }
+__device__ __forceinline__ RowMult q_multiplier(const KernelParams& p, RowMult dq) {
+  return RowMult{p.qk_multiplier * dq.lo, p.qk_multiplier * dq.hi};
 }
 
 // The (b, h)'s K descales: [nk] E4M3 (one per 128-key block), [nk, 8] INT8 (key groups; 64-bit index).
@@ -371,8 +375,15 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // blocks). A reference and a pointer, not a lambda capturing the tile: with the lambda, ptxas laid out the
     // modes without lists differently from before the lists existed (same speed, other SASS).
     const KeyOrder& order = w.order;
-    // kFusedQ: the tile's Q descale comes from its quantization below, once the rows are in.
-    auto qscale = kFusedQ ? decltype(q_multiplier<kMode>(p, c, 0)){} : q_multiplier<kMode>(p, c, row_base + g);
+    // The tile's Q descale(s), loaded here. E4M3 (one per tile) becomes the multiplier only once the first QK^T
+    // is issued: multiplied here, every tile's first QK^T waited for the load (Nsight Compute, 256 keys, prepared
+    // Q: that multiply held 4% of the stall samples; moved, the kernel is 0.9-1.4% faster at 256-512 keys). INT8
+    // (two per-row loads) keeps the multiply here: moved, ptxas scheduled the head-dim-64 exp2 loop 0.9% slower.
+    // kFusedQ: the descale comes from the quantization below.
+    using QDescale = decltype(q_descales<kMode>(p, c, 0));
+    constexpr bool kLateQScale = !kFusedQ && !kInt8;
+    const QDescale dq_tile = kFusedQ ? QDescale{} : q_descales<kMode>(p, c, row_base + g);
+    QDescale qscale = kFusedQ || kLateQScale ? QDescale{} : q_multiplier(p, dq_tile);
     const float* kd = k_descales<kInt8>(p, c);
     // kVScale: the (b, h)'s V block descales and the one of the block whose codes st.p holds (its PV product
     // is flushed one step later).
@@ -406,7 +417,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128)
                                 : quantize_q_tile<kD, prepare::Bf16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128);
       release(&sh.q_empty);   // the rows are read: the producer may bring the next tile's
-      qscale = p.qk_multiplier * dq;   // q_multiplier's E4M3 form
+      qscale = q_multiplier(p, dq);
     }
 
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
@@ -416,6 +427,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     issue_order.before();
     issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
     issue_order.after();
+    if constexpr (kLateQScale) qscale = q_multiplier(p, dq_tile);
     // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
     // step for every block (measured: an inline guard in the steady state cost 3%). Decided while the
     // first QK^T runs: before it, the wait for the Q descale and the descale scan sat in every tile's start.

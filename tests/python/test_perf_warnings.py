@@ -1,0 +1,145 @@
+"""The direct API's one-time performance warnings (open_vc_attn._perf_warnings): the general path, and fast-path
+calls with at most 256 keys per sequence, where torch SDPA measured faster (issue 28 item 5: no call class loses
+silently). CPU tests check the reasons and the once-per-process rule; GPU tests check that attention and
+attention_fp8 warn exactly for the calls the rule names, and that the warning changes no result.
+On an H200: python3 -m pytest -q -rs tests/python/test_perf_warnings.py
+"""
+import warnings
+
+import pytest
+
+import open_vc_attn
+from open_vc_attn import _perf_warnings as pw
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A process that has warned about nothing yet."""
+    monkeypatch.setattr(pw, "_WARNED", set())
+    return pw
+
+
+def test_the_category_is_exported_and_a_runtime_warning():
+    assert open_vc_attn.PerformanceWarning is pw.PerformanceWarning
+    assert issubclass(pw.PerformanceWarning, RuntimeWarning)   # filters written for RuntimeWarning still apply
+    assert "PerformanceWarning" in open_vc_attn.__all__
+
+
+@pytest.mark.parametrize("sk", [0, 1, 128, 200, 256])
+def test_few_keys_reason_up_to_two_key_blocks(sk):
+    reason = pw.few_keys_reason(sk)
+    assert reason is not None and f"at most {sk} keys" in reason and "SDPA" in reason and "docs/api.md" in reason
+
+
+@pytest.mark.parametrize("sk", [257, 384, 512, 73397])
+def test_no_few_keys_reason_from_the_third_block(sk):
+    assert pw.few_keys_reason(sk) is None
+
+
+def test_few_keys_warns_once_per_process(fresh):
+    with pytest.warns(pw.PerformanceWarning, match=r"at most 100 keys per sequence \(<= 256\)"):
+        fresh.warn_few_keys(100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.warn_few_keys(100)   # already warned: silent, also for another count
+        fresh.warn_few_keys(7)
+        fresh.warn_few_keys(4096)   # not slow: silent
+
+
+def test_few_keys_leaves_general_path_calls_to_their_own_warning(fresh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.warn_few_keys(100, general_reason="head_dim 96 (the fast path takes 128 or 64)")
+    with pytest.warns(pw.PerformanceWarning):
+        fresh.warn_few_keys(100)   # the skipped call did not use up the one warning
+
+
+def test_general_path_warns_once_per_reason(fresh):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.warn_general_path(None)   # the fast path: nothing
+    with pytest.warns(pw.PerformanceWarning, match="runs on the general path"):
+        fresh.warn_general_path("reason A")
+    with pytest.warns(pw.PerformanceWarning, match="reason B"):
+        fresh.warn_general_path("reason B")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.warn_general_path("reason A")
+
+
+def test_the_warning_points_at_the_callers_line(fresh):
+    with pytest.warns(pw.PerformanceWarning) as record:
+        def api_function():   # stands in for open_vc_attn.attention: warn_few_keys is called from there
+            fresh.warn_few_keys(64)
+        api_function()
+    assert record[0].filename == __file__ and record[0].lineno == test_the_warning_points_at_the_callers_line.__code__.co_firstlineno + 4
+
+
+# ---- on the GPU: the calls that warn, and only those ----------------------------------------------------------
+
+def _qkv(torch, sq, sk, h=2, d=128, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, sq, h, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, sk, h, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, sk, h, d, generator=g, device="cuda", dtype=torch.bfloat16)
+    return q, k, v
+
+
+def _warnings_of(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in caught if issubclass(w.category, pw.PerformanceWarning)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sk", [128, 256])
+def test_gpu_attention_with_few_keys_warns_once(torch, fresh, sk):
+    q, k, v = _qkv(torch, 1024, sk, seed=sk)
+    out, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
+    assert len(caught) == 1 and f"at most {sk} keys" in str(caught[0].message), [str(w.message) for w in caught]
+    again, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
+    assert caught == [] and torch.equal(out, again)   # once per process; the same result with or without it
+
+
+@pytest.mark.gpu
+def test_gpu_attention_from_the_third_key_block_is_silent(torch, fresh):
+    q, k, v = _qkv(torch, 1024, 257, seed=1)
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
+    assert caught == []
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, causal=True))
+    assert caught == []
+
+
+@pytest.mark.gpu
+def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch, fresh):
+    h, d = 2, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(600, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 200, 600], dtype=torch.int32, device="cuda")
+    # max_seqlen_k 400: the longest sequence has three key blocks, so no warning
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                            max_seqlen_q=400, max_seqlen_k=400))
+    assert caught == []
+    cu_small = torch.tensor([0, 200, 450], dtype=torch.int32, device="cuda")
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q[:450], k[:450], v[:450], cu_seqlens_q=cu_small,
+                                                            cu_seqlens_k=cu_small, max_seqlen_q=250, max_seqlen_k=250))
+    assert len(caught) == 1 and "at most 250 keys" in str(caught[0].message)
+    fresh._WARNED.clear()
+    qb, kb, vb = _qkv(torch, 512, 200, seed=6)
+    prepared = open_vc_attn.prepare_fp8(qb, kb, vb)
+    _, caught = _warnings_of(lambda: open_vc_attn.attention_fp8(prepared))
+    assert len(caught) == 1 and "at most 200 keys" in str(caught[0].message)
+
+
+def test_a_compiled_call_traces_without_the_warning(torch, fresh):
+    """torch.compile(fullgraph=True) cannot trace warnings.warn: a traced call skips the warning (an eager one warns)."""
+    def f(x):
+        fresh.warn_few_keys(int(x.shape[0]))
+        return x + 1
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(compiled(torch.zeros(4)), torch.ones(4))
+    with pytest.warns(pw.PerformanceWarning):
+        f(torch.zeros(4))
