@@ -14,7 +14,7 @@ Submodules are imported on first use, so ``import open_vc_attn`` is cheap and ne
   :func:`attention`, :func:`prepare_fp8` (batched, or packed sequences with cu_seqlens),
   :func:`attention_fp8` and :class:`PreparedFP8` (``PreparedFP8.from_quantized`` wraps inputs quantized
   elsewhere). A call that runs where openvc is known to be slow (the general path; at most 256 keys per
-  sequence) warns once per process with :class:`PerformanceWarning`. They import torch when called, not
+  sequence) warns once per process and reason with :class:`PerformanceWarning`. They import torch when called, not
   before; their custom ops live in the package ``open_vc_attn.ops`` (imports torch; importing it registers
   every op). Argument rules: ``open_vc_attn._checks``; sizes, layouts and the C++ library's constants:
   ``open_vc_attn._layout`` (mirrored there, not read from the extension; tests/python/test_package_structure.py

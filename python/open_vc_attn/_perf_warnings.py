@@ -3,26 +3,29 @@ warns once per process and reason (:class:`PerformanceWarning`), so that no call
 
 - The general path (CUDA cores: sizes past the fast path's 32-bit range): correct but far slower than the fast path.
 - Few keys: every sequence has at most :data:`FEW_KEYS_SLOWER` keys. The fast path's tiles then hold one or two
-  key blocks, whose pipeline fill and drain per query tile set the time; on the H200 such calls ran at 0.41-0.68x
-  (128 keys) and 0.77-0.83x (256 keys) torch SDPA (BF16) wherever the GPU, not the host, set the time
-  (:data:`FEW_KEYS_RECORDS`: 8,192-65,536 queries at H = 24 and 40). At 384 and 512 keys openvc is within about
-  10% of SDPA either way (0.89-1.06x; no warning), above that faster. The integrations' DispatchPolicy leaves
-  calls with fewer than ``min_key_tokens`` keys to the framework.
+  key blocks, whose pipeline fill and drain per query tile set the time. On the H200, where the GPU and not the host
+  set the call's time (host time below 80% of it), dense calls ran at 0.67-0.68x (128 keys) and 0.78-0.83x (256
+  keys) torch SDPA's default (BF16), at 384 and 512 keys at 0.89-0.99x and 0.95-1.06x (no warning there), above that
+  faster (bench/results/2026-12-04-h200-seventeenth/ and -eighteenth/dispatch_floor.json, 8,192-65,536 queries).
+  The integrations' DispatchPolicy leaves calls with fewer than ``min_key_tokens`` keys to the framework.
 
-Pure Python (no torch): the reasons are plain functions of the call's sizes, tested on any machine.
+The warning points at the first caller outside this package (the user's line, also through the package's own
+wrappers: Ulysses, repair, the integrations). Pure Python (no torch import): the rules are plain functions of the
+call's sizes, tested on any machine.
 """
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
-__all__ = ["PerformanceWarning", "FEW_KEYS_SLOWER", "FEW_KEYS_RECORDS", "few_keys_reason", "warn_once",
-           "warn_general_path", "warn_few_keys"]
+__all__ = ["PerformanceWarning", "FEW_KEYS_SLOWER", "few_keys_reason", "warn_once", "warn_general_path",
+           "warn_few_keys"]
 
 # Key counts per sequence at or below which the fast path measured slower than torch SDPA (two key blocks).
 FEW_KEYS_SLOWER = 256
-FEW_KEYS_RECORDS = ("bench/results/2026-12-04-h200-seventeenth/dispatch_floor.json",   # 256 and 512 keys
-                    "bench/results/2026-12-04-h200-eighteenth/dispatch_floor.json")     # 128, 384 and 512 keys
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class PerformanceWarning(RuntimeWarning):
@@ -42,13 +45,21 @@ def _compiling():
     return torch is not None and torch.compiler.is_compiling()
 
 
-def warn_once(key, message, stacklevel=4):
-    """One PerformanceWarning per process for `key` (later calls with the same key are silent); none while
-    torch.compile traces."""
-    if key in _WARNED or _compiling():
+def _outside_stacklevel():
+    """warnings.warn's stacklevel, called from warn_once, of the first frame whose file is not in this package."""
+    frame, level = sys._getframe(2), 2   # warn_once's caller; stacklevel 1 would be warn_once itself
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_once(key, message):
+    """One PerformanceWarning per process for `key` (later calls with the same key are silent), pointing at the first
+    caller outside the package; none while torch.compile traces (checked first: dynamo then never reads the set)."""
+    if _compiling() or key in _WARNED:
         return
     _WARNED.add(key)
-    warnings.warn(message, PerformanceWarning, stacklevel=stacklevel)
+    warnings.warn(message, PerformanceWarning, stacklevel=_outside_stacklevel())
 
 
 def warn_general_path(reason):
@@ -63,15 +74,16 @@ def few_keys_reason(sk):
     """Why a fast-path call whose sequences have at most `sk` keys (packed: max_seqlen_k) is slow, or None."""
     if sk > FEW_KEYS_SLOWER:
         return None
-    return (f"at most {sk} keys per sequence (<= {FEW_KEYS_SLOWER}): the sm_90a kernel ran such calls at 0.41-0.83x "
-            "torch SDPA (BF16) on the H200 where the GPU sets the time (docs/api.md, 'No call class loses silently'); "
-            "torch's attention is faster here, and open_vc_attn.integrations' DispatchPolicy leaves calls with fewer "
-            "than min_key_tokens keys to it")
+    keys = "key" if sk == 1 else "keys"
+    return (f"at most {sk} {keys} per sequence (<= {FEW_KEYS_SLOWER}): the sm_90a kernel ran dense calls with so few "
+            "keys at 0.67-0.83x torch SDPA (BF16) on the H200 where the GPU sets the time (docs/api.md, 'No call class "
+            "loses silently'); open_vc_attn.integrations' DispatchPolicy leaves calls with fewer than min_key_tokens "
+            "keys to the framework's attention")
 
 
 def warn_few_keys(sk, general_reason=None):
     """After a fast-path call with at most `sk` keys per sequence (a general-path call has its own warning)."""
-    if general_reason is not None:
+    if general_reason is not None or _compiling() or "few keys" in _WARNED:
         return
     reason = few_keys_reason(sk)
     if reason is not None:

@@ -2,8 +2,17 @@
 the summary (`pytest -rs`), when torch, a CUDA device or compute capability 9.0 is missing; the `torch`
 fixture (the module, or a skip where torch is not installed), the integrations' `policy` and `ovd`
 (open_vc_attn.integrations.diffusers) fixtures, and `stand_in` (openvc's fast path replaced by a recording CPU
-computation, for the diffusers model tests). Input builders: helpers.py."""
+computation, for the diffusers model tests); every test starts with no one-time PerformanceWarning spent. Input
+builders: helpers.py."""
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_performance_warning_spent(monkeypatch):
+    """Every test starts as a fresh process would: no one-time PerformanceWarning spent, so that the order of the
+    tests can neither hide a warning from a test that forbids it nor take one from a test that expects it."""
+    from open_vc_attn import _perf_warnings
+    monkeypatch.setattr(_perf_warnings, "_WARNED", set())
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,9 @@ def test_the_category_is_exported_and_a_runtime_warning():
 @pytest.mark.parametrize("sk", [0, 1, 128, 200, 256])
 def test_few_keys_reason_up_to_two_key_blocks(sk):
     reason = pw.few_keys_reason(sk)
-    assert reason is not None and f"at most {sk} keys" in reason and "SDPA" in reason and "docs/api.md" in reason
+    keys = "key" if sk == 1 else "keys"
+    assert reason is not None and f"at most {sk} {keys} per sequence" in reason
+    assert "SDPA" in reason and "docs/api.md" in reason
 
 
 @pytest.mark.parametrize("sk", [257, 384, 512, 73397])
@@ -67,12 +69,12 @@ def test_general_path_warns_once_per_reason(fresh):
         fresh.warn_general_path("reason A")
 
 
-def test_the_warning_points_at_the_callers_line(fresh):
+def test_the_warning_points_at_the_first_caller_outside_the_package(fresh):
+    """The user's line, also when the call came through the package's own functions (Ulysses, repair, integrations)."""
     with pytest.warns(pw.PerformanceWarning) as record:
-        def api_function():   # stands in for open_vc_attn.attention: warn_few_keys is called from there
-            fresh.warn_few_keys(64)
-        api_function()
-    assert record[0].filename == __file__ and record[0].lineno == test_the_warning_points_at_the_callers_line.__code__.co_firstlineno + 4
+        fresh.warn_few_keys(64)   # this line: the first frame outside open_vc_attn
+    line = test_the_warning_points_at_the_first_caller_outside_the_package.__code__.co_firstlineno + 3
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 # ---- on the GPU: the calls that warn, and only those ----------------------------------------------------------
@@ -94,10 +96,11 @@ def _warnings_of(fn):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sk", [128, 256])
-def test_gpu_attention_with_few_keys_warns_once(torch, fresh, sk):
+def test_gpu_attention_with_few_keys_warns_once_at_the_callers_line(torch, fresh, sk):
     q, k, v = _qkv(torch, 1024, sk, seed=sk)
     out, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
     assert len(caught) == 1 and f"at most {sk} keys" in str(caught[0].message), [str(w.message) for w in caught]
+    assert caught[0].filename == __file__   # the user's line, not the package's
     again, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
     assert caught == [] and torch.equal(out, again)   # once per process; the same result with or without it
 
@@ -112,28 +115,60 @@ def test_gpu_attention_from_the_third_key_block_is_silent(torch, fresh):
 
 
 @pytest.mark.gpu
+def test_gpu_the_bf16_reference_never_warns(torch, fresh):
+    q, k, v = _qkv(torch, 512, 64, seed=2)
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, version="reference", mode="bf16"))
+    assert caught == []
+
+
+@pytest.mark.gpu
+def test_gpu_key_padding_warns_by_the_key_slots(torch, fresh):
+    """Key counts and masks cut keys inside the Sk slots; the rule reads Sk (the tiles' key blocks)."""
+    q, k, v = _qkv(torch, 512, 600, seed=3)
+    used = torch.tensor([100], dtype=torch.int32, device="cuda")
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, seqused_k=used))
+    assert caught == []   # 600 key slots: five blocks
+    q, k, v = _qkv(torch, 512, 200, seed=4)
+    mask = torch.ones(1, 200, dtype=torch.bool, device="cuda")
+    mask[:, 150:] = False
+    _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, key_padding_mask=mask))
+    assert len(caught) == 1 and "at most 200 keys" in str(caught[0].message) and caught[0].filename == __file__
+
+
+@pytest.mark.gpu
 def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch, fresh):
     h, d = 2, 128
     g = torch.Generator(device="cuda").manual_seed(5)
     q, k, v = (torch.randn(600, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cu = torch.tensor([0, 200, 600], dtype=torch.int32, device="cuda")
-    # max_seqlen_k 400: the longest sequence has three key blocks, so no warning
+    # max_seqlen_k 400: the longest sequence has four key blocks, so no warning
     _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                                             max_seqlen_q=400, max_seqlen_k=400))
     assert caught == []
     cu_small = torch.tensor([0, 200, 450], dtype=torch.int32, device="cuda")
     _, caught = _warnings_of(lambda: open_vc_attn.attention(q[:450], k[:450], v[:450], cu_seqlens_q=cu_small,
                                                             cu_seqlens_k=cu_small, max_seqlen_q=250, max_seqlen_k=250))
-    assert len(caught) == 1 and "at most 250 keys" in str(caught[0].message)
+    assert len(caught) == 1 and "at most 250 keys" in str(caught[0].message) and caught[0].filename == __file__
     fresh._WARNED.clear()
     qb, kb, vb = _qkv(torch, 512, 200, seed=6)
     prepared = open_vc_attn.prepare_fp8(qb, kb, vb)
     _, caught = _warnings_of(lambda: open_vc_attn.attention_fp8(prepared))
-    assert len(caught) == 1 and "at most 200 keys" in str(caught[0].message)
+    assert len(caught) == 1 and "at most 200 keys" in str(caught[0].message) and caught[0].filename == __file__
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_attention_with_few_keys_traces_fullgraph(torch, fresh):
+    q, k, v = _qkv(torch, 512, 128, seed=7)
+    compiled = torch.compile(lambda q, k, v: open_vc_attn.attention(q, k, v), fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pw.PerformanceWarning)
+        out = compiled(q, k, v)
+    eager, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
+    assert len(caught) == 1 and torch.equal(out, eager)
 
 
 def test_a_compiled_call_traces_without_the_warning(torch, fresh):
-    """torch.compile(fullgraph=True) cannot trace warnings.warn: a traced call skips the warning (an eager one warns)."""
+    """torch.compile(fullgraph=True) cannot trace warnings.warn: a traced call skips the warning (eager ones warn)."""
     def f(x):
         fresh.warn_few_keys(int(x.shape[0]))
         return x + 1

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "attention/sm90/config.h"
+#include "attention/sm90/descales.cuh"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/fused_q.cuh"
 #include "attention/sm90/gmma.cuh"
@@ -75,45 +76,6 @@ struct alignas(1024) SharedStorage {
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 using Barrier = cutlass::arch::ClusterBarrier;
 constexpr int kConsumerWarps = 4 * kConsumerWarpgroups;  // arrivals that free a buffer
-
-// The tile's Q descales: one per tile for E4M3 Q (one descale per 128-row block), one per row for INT8 Q (rows
-// r and r + 8 of this thread). INT8 q_descale is [sequences, H, seqlen_q] batched and packed alike (packed:
-// seqlen_q = max_seqlen_q, row i of sequence b at (b * H + h) * max_seqlen_q + i, 0 past the sequence's end).
-// Rows past seqlen_q (never stored; batched: Q codes zero) read the last row's descale, so with b < sequences
-// and h < H (the tile space) no read leaves the [sequences * H * seqlen_q] array whatever the offsets.
-template <int kMode>
-__device__ __forceinline__ auto q_descales(const KernelParams& p, const TileCoord& c, int row) {
-  if constexpr (has_mode<kMode>(kInt8QkMode)) {
-    const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
-    const int r = c.qt * kBlockM + row, last = p.seqlen_q - 1;
-    return RowMult{__ldg(dq + min(r, last)), __ldg(dq + min(r + 8, last))};
-  } else {
-    return p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
-  }
-}
-// The Q part of the ExpCast multiplier, qk_multiplier * descale_Q (numerics sections 3, 9), of q_descales' loads.
-__device__ __forceinline__ float q_multiplier(const KernelParams& p, float dq) { return p.qk_multiplier * dq; }
-__device__ __forceinline__ RowMult q_multiplier(const KernelParams& p, RowMult dq) {
-  return RowMult{p.qk_multiplier * dq.lo, p.qk_multiplier * dq.hi};
-}
-
-// The (b, h)'s K descales: [nk] E4M3 (one per 128-key block), [nk, 8] INT8 (key groups; 64-bit index).
-template <bool kInt8>
-__device__ __forceinline__ const float* k_descales(const KernelParams& p, const TileCoord& c) {
-  if constexpr (kInt8) return p.k_descale + (int64_t(c.b) * p.heads + c.h) * p.num_k_blocks * kInt8KeyGroups;
-  else return p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
-}
-// The first block's K descale(s) and the one-iteration-ahead prefetch of the next block's.
-template <bool kInt8>
-__device__ __forceinline__ auto block_k_descale(const float* kd, int blk, int t) {
-  if constexpr (kInt8) return load_k_groups(kd, blk, t);
-  else return kd[blk];
-}
-template <bool kInt8>
-__device__ __forceinline__ auto prefetch_k_descale(const float* kd, int blk, int t) {
-  if constexpr (kInt8) return load_k_groups(kd, blk, t);
-  else return __ldg(kd + blk);
-}
 
 // Ring position shared by the producer and both consumers: every key block takes one stage.
 template <int kStages>
@@ -377,7 +339,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const KeyOrder& order = w.order;
     // The tile's Q descale(s), loaded here. E4M3 (one per tile) becomes the multiplier only once the first QK^T
     // is issued: multiplied here, every tile's first QK^T waited for the load (Nsight Compute, 256 keys, prepared
-    // Q: that multiply held 4% of the stall samples; moved, the kernel is 0.9-1.4% faster at 256-512 keys). INT8
+    // Q: that multiply held 4% of the stall samples; moved, the kernel is 0.3-1.4% faster at 256-512 keys). INT8
     // (two per-row loads) keeps the multiply here: moved, ptxas scheduled the head-dim-64 exp2 loop 0.9% slower.
     // kFusedQ: the descale comes from the quantization below.
     using QDescale = decltype(q_descales<kMode>(p, c, 0));
