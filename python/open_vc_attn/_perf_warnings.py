@@ -20,7 +20,7 @@ import sys
 import warnings
 
 __all__ = ["PerformanceWarning", "FEW_KEYS_SLOWER", "few_keys_reason", "warn_once", "warn_general_path",
-           "warn_few_keys"]
+           "warn_few_keys", "warn_after_call"]
 
 # Key counts per sequence at or below which the fast path measured slower than torch SDPA (two key blocks).
 FEW_KEYS_SLOWER = 256
@@ -82,9 +82,15 @@ def few_keys_reason(sk):
 
 
 def warn_few_keys(sk, general_reason=None):
-    """After a fast-path call with at most `sk` keys per sequence (a general-path call has its own warning)."""
-    if general_reason is not None or _compiling() or "few keys" in _WARNED:
+    """After a fast-path call with at most `sk` keys per sequence (a general-path call has its own warning). Most
+    calls leave at the key count; the message is built only for the one warning."""
+    if general_reason is not None or sk > FEW_KEYS_SLOWER or _compiling() or "few keys" in _WARNED:
         return
-    reason = few_keys_reason(sk)
-    if reason is not None:
-        warn_once("few keys", f"open_vc_attn: {reason}")
+    warn_once("few keys", f"open_vc_attn: {few_keys_reason(sk)}")
+
+
+def warn_after_call(general_reason, sk):
+    """The warnings of one finished call of the direct API: general_reason (_checks.general_path_reason's, None on the
+    fast path) and the longest key sequence `sk` (packed: max_seqlen_k)."""
+    warn_general_path(general_reason)
+    warn_few_keys(sk, general_reason)

@@ -38,7 +38,7 @@ from typing import Any
 
 from . import _checks
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS
-from ._perf_warnings import warn_few_keys, warn_general_path
+from ._perf_warnings import warn_after_call
 
 __all__ = ["PreparedFP8", "prepare_fp8", "attention_fp8", "attention"]
 
@@ -242,8 +242,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     max_q, max_k = (meta["seqlen_q"], meta["seqlen_k"]) if varlen else (0, 0)
     out, lse = ops.direct.run(ops.attention_fp8_op, ops.fp8.attention_cuda, (*tensors, cu_q, cu_k, used), *tensors,
                               cu_q, cu_k, max_q, max_k, scale, causal, mid, want_lse, used, out_dtype, fmt, p_format)
-    warn_general_path(reason)   # path "auto": the op took the general path exactly when there is a reason
-    warn_few_keys(meta["seqlen_k"], reason)
+    # path "auto": the op took the general path exactly when there is a reason
+    warn_after_call(reason, meta["seqlen_k"])
     return _finish(out, lse, 4 if varlen else meta["input_rank"], want_lse)
 
 
@@ -362,9 +362,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                             batch=b, heads=int(q4.shape[2]))
         from . import ops
         out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks, causal_chunk)
-        reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
-        warn_general_path(reason)
-        warn_few_keys(sk, reason)
+        warn_after_call(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk), sk)
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "
@@ -387,7 +385,5 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     from . import ops
     out, lse = ops.call.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, seqused_k, *opts, None, None,
                                   causal_chunk)
-    reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
-    warn_general_path(reason)
-    warn_few_keys(max_k, reason)
+    warn_after_call(_checks.general_path_reason(int(q.shape[-1]), max_q, max_k), max_k)
     return (out, lse) if want_lse else out

@@ -1,7 +1,8 @@
 """The direct API's one-time performance warnings (open_vc_attn._perf_warnings): the general path, and fast-path
 calls with at most 256 keys per sequence, where torch SDPA measured faster (issue 28 item 5: no call class loses
 silently). CPU tests check the reasons and the once-per-process rule; GPU tests check that attention and
-attention_fp8 warn exactly for the calls the rule names, and that the warning changes no result.
+attention_fp8 warn exactly for the calls the rule names, and that the warning changes no result. Every test starts
+with no warning spent (conftest.py).
 On an H200: python3 -m pytest -q -rs tests/python/test_perf_warnings.py
 """
 import warnings
@@ -10,13 +11,6 @@ import pytest
 
 import open_vc_attn
 from open_vc_attn import _perf_warnings as pw
-
-
-@pytest.fixture
-def fresh(monkeypatch):
-    """A process that has warned about nothing yet."""
-    monkeypatch.setattr(pw, "_WARNED", set())
-    return pw
 
 
 def test_the_category_is_exported_and_a_runtime_warning():
@@ -38,41 +32,49 @@ def test_no_few_keys_reason_from_the_third_block(sk):
     assert pw.few_keys_reason(sk) is None
 
 
-def test_few_keys_warns_once_per_process(fresh):
+def test_few_keys_warns_once_per_process():
     with pytest.warns(pw.PerformanceWarning, match=r"at most 100 keys per sequence \(<= 256\)"):
-        fresh.warn_few_keys(100)
+        pw.warn_few_keys(100)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fresh.warn_few_keys(100)   # already warned: silent, also for another count
-        fresh.warn_few_keys(7)
-        fresh.warn_few_keys(4096)   # not slow: silent
+        pw.warn_few_keys(100)   # already warned: silent, also for another count
+        pw.warn_few_keys(7)
+        pw.warn_few_keys(4096)   # not slow: silent
 
 
-def test_few_keys_leaves_general_path_calls_to_their_own_warning(fresh):
+def test_few_keys_leaves_general_path_calls_to_their_own_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fresh.warn_few_keys(100, general_reason="head_dim 96 (the fast path takes 128 or 64)")
+        pw.warn_few_keys(100, general_reason="head_dim 96 (the fast path takes 128 or 64)")
     with pytest.warns(pw.PerformanceWarning):
-        fresh.warn_few_keys(100)   # the skipped call did not use up the one warning
+        pw.warn_few_keys(100)   # the skipped call did not use up the one warning
 
 
-def test_general_path_warns_once_per_reason(fresh):
+def test_general_path_warns_once_per_reason():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fresh.warn_general_path(None)   # the fast path: nothing
+        pw.warn_general_path(None)   # the fast path: nothing
     with pytest.warns(pw.PerformanceWarning, match="runs on the general path"):
-        fresh.warn_general_path("reason A")
+        pw.warn_general_path("reason A")
     with pytest.warns(pw.PerformanceWarning, match="reason B"):
-        fresh.warn_general_path("reason B")
+        pw.warn_general_path("reason B")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fresh.warn_general_path("reason A")
+        pw.warn_general_path("reason A")
 
 
-def test_the_warning_points_at_the_first_caller_outside_the_package(fresh):
+def test_after_a_call_the_general_path_takes_the_place_of_few_keys():
+    with pytest.warns(pw.PerformanceWarning) as record:
+        pw.warn_after_call("reason A", 100)
+    assert len(record) == 1 and "reason A: this call runs on the general path" in str(record[0].message)
+    with pytest.warns(pw.PerformanceWarning, match="at most 100 keys"):
+        pw.warn_after_call(None, 100)
+
+
+def test_the_warning_points_at_the_first_caller_outside_the_package():
     """The user's line, also when the call came through the package's own functions (Ulysses, repair, integrations)."""
     with pytest.warns(pw.PerformanceWarning) as record:
-        fresh.warn_few_keys(64)   # this line: the first frame outside open_vc_attn
+        pw.warn_few_keys(64)   # this line: the first frame outside open_vc_attn
     line = test_the_warning_points_at_the_first_caller_outside_the_package.__code__.co_firstlineno + 3
     assert (record[0].filename, record[0].lineno) == (__file__, line)
 
@@ -96,7 +98,7 @@ def _warnings_of(fn):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sk", [128, 256])
-def test_gpu_attention_with_few_keys_warns_once_at_the_callers_line(torch, fresh, sk):
+def test_gpu_attention_with_few_keys_warns_once_at_the_callers_line(torch, sk):
     q, k, v = _qkv(torch, 1024, sk, seed=sk)
     out, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
     assert len(caught) == 1 and f"at most {sk} keys" in str(caught[0].message), [str(w.message) for w in caught]
@@ -106,7 +108,7 @@ def test_gpu_attention_with_few_keys_warns_once_at_the_callers_line(torch, fresh
 
 
 @pytest.mark.gpu
-def test_gpu_attention_from_the_third_key_block_is_silent(torch, fresh):
+def test_gpu_attention_from_the_third_key_block_is_silent(torch):
     q, k, v = _qkv(torch, 1024, 257, seed=1)
     _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v))
     assert caught == []
@@ -115,14 +117,14 @@ def test_gpu_attention_from_the_third_key_block_is_silent(torch, fresh):
 
 
 @pytest.mark.gpu
-def test_gpu_the_bf16_reference_never_warns(torch, fresh):
+def test_gpu_the_bf16_reference_never_warns(torch):
     q, k, v = _qkv(torch, 512, 64, seed=2)
     _, caught = _warnings_of(lambda: open_vc_attn.attention(q, k, v, version="reference", mode="bf16"))
     assert caught == []
 
 
 @pytest.mark.gpu
-def test_gpu_key_padding_warns_by_the_key_slots(torch, fresh):
+def test_gpu_key_padding_warns_by_the_key_slots(torch):
     """Key counts and masks cut keys inside the Sk slots; the rule reads Sk (the tiles' key blocks)."""
     q, k, v = _qkv(torch, 512, 600, seed=3)
     used = torch.tensor([100], dtype=torch.int32, device="cuda")
@@ -136,7 +138,7 @@ def test_gpu_key_padding_warns_by_the_key_slots(torch, fresh):
 
 
 @pytest.mark.gpu
-def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch, fresh):
+def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch):
     h, d = 2, 128
     g = torch.Generator(device="cuda").manual_seed(5)
     q, k, v = (torch.randn(600, h, d, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -149,7 +151,7 @@ def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch,
     _, caught = _warnings_of(lambda: open_vc_attn.attention(q[:450], k[:450], v[:450], cu_seqlens_q=cu_small,
                                                             cu_seqlens_k=cu_small, max_seqlen_q=250, max_seqlen_k=250))
     assert len(caught) == 1 and "at most 250 keys" in str(caught[0].message) and caught[0].filename == __file__
-    fresh._WARNED.clear()
+    pw._WARNED.clear()
     qb, kb, vb = _qkv(torch, 512, 200, seed=6)
     prepared = open_vc_attn.prepare_fp8(qb, kb, vb)
     _, caught = _warnings_of(lambda: open_vc_attn.attention_fp8(prepared))
@@ -157,7 +159,7 @@ def test_gpu_packed_and_prepared_calls_warn_on_their_longest_key_sequence(torch,
 
 
 @pytest.mark.gpu
-def test_gpu_compiled_attention_with_few_keys_traces_fullgraph(torch, fresh):
+def test_gpu_compiled_attention_with_few_keys_traces_fullgraph(torch):
     q, k, v = _qkv(torch, 512, 128, seed=7)
     compiled = torch.compile(lambda q, k, v: open_vc_attn.attention(q, k, v), fullgraph=True)
     with warnings.catch_warnings():
@@ -167,10 +169,10 @@ def test_gpu_compiled_attention_with_few_keys_traces_fullgraph(torch, fresh):
     assert len(caught) == 1 and torch.equal(out, eager)
 
 
-def test_a_compiled_call_traces_without_the_warning(torch, fresh):
+def test_a_compiled_call_traces_without_the_warning(torch):
     """torch.compile(fullgraph=True) cannot trace warnings.warn: a traced call skips the warning (eager ones warn)."""
     def f(x):
-        fresh.warn_few_keys(int(x.shape[0]))
+        pw.warn_few_keys(int(x.shape[0]))
         return x + 1
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     with warnings.catch_warnings():
