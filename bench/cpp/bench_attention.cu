@@ -1,7 +1,7 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8|split]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8|split|prep]
 //        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys]
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
@@ -494,6 +494,28 @@ int main(int argc, char** argv) {
     }
   }
 #endif
+  if (argc > 6 && std::string(argv[6]) == "prep") {
+    // prepare_fp8 alone for each Q/K format, with and without K smoothing (its block sums and means first), in
+    // CUDA graphs, medians of `rounds`, 3 rounds of the four interleaved: what a format's preparation adds.
+    const Int8Codes i8(pp, n, B, H, S, nb);
+    const size_t wss = openvc::prepare_workspace_bytes(B, H, S, true);
+    void* ws_s;
+    CHECK_CUDA(cudaMalloc(&ws_s, wss));
+    openvc::PrepareParams e4s = pp, i8s = i8.prep;
+    e4s.k_smoothing = i8s.k_smoothing = true;
+    e4s.workspace = i8s.workspace = ws_s;
+    e4s.workspace_bytes = i8s.workspace_bytes = wss;
+    const int reps_prep = std::max(2, int(5e9 / double(n)));
+    for (int r = 0; r < 3; ++r) {
+      float t[4];
+      const openvc::PrepareParams* forms[4] = {&pp, &e4s, &i8.prep, &i8s};
+      for (int f = 0; f < 4; ++f)
+        t[f] = graph_median_ms([&] { CHECK_OK(openvc::prepare_fp8(*forms[f], s)); }, s, rounds, reps_prep);
+      std::printf("  prep round %d: e4m3 %.1f us, e4m3+smoothing %.1f us, int8 %.1f us, int8+smoothing %.1f us\n", r,
+                  t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3);
+    }
+    CHECK_CUDA(cudaFree(ws_s));
+  }
   if (argc > 6 && std::string(argv[6]) == "repair") {
     // Kernel-side cost of V residual repair tiles (the selection is timed by the Python benchmark):
     // round(budget * S) rows per head of arbitrary codes, visited after every original block.

@@ -8,7 +8,7 @@
 //                        (0 when count = 0).
 // quantize_qk_kernel / quantize_qk_int8_kernel then quantize k' = fl(k - mean_c) (one FP32 subtraction).
 // Preparation is memory-bound: the serial per-channel loop reads each token row of the block once,
-// coalesced across the channels of the CTA.
+// coalesced across the channels of the CTA, kSumChunk rows in flight.
 #pragma once
 #include <cstdint>
 
@@ -37,6 +37,9 @@ __device__ __forceinline__ float element_to_float<F16>(uint16_t u) {
   return __half2float(__ushort_as_half(u));
 }
 
+// Loads issued together ahead of the serial double additions of both kernels.
+inline constexpr int kSumChunk = 32;
+
 template <typename T, int D>
 __global__ void __launch_bounds__(D) k_block_sums_kernel(const __grid_constant__ SmoothArgs a) {
   const CtaCoord c = cta_coord(a.heads, a.nblocks);
@@ -47,8 +50,17 @@ __global__ void __launch_bounds__(D) k_block_sums_kernel(const __grid_constant__
   const uint16_t* x = static_cast<const uint16_t*>(a.in.data) + span.in_offset + c.h * a.in.stride_head +
                       static_cast<int64_t>(token0) * a.in.stride_seq + threadIdx.x;
   double sum = 0.0;  // the reference's order: token by token, one double addition each
-#pragma unroll 8
-  for (int t = 0; t < n; ++t) sum += static_cast<double>(element_to_float<T>(__ldg(x + t * a.in.stride_seq)));
+  // The loads of kSumChunk tokens first, then their additions in order: the additions are a serial chain, the loads
+  // are not, and with 8 in flight each CTA waited for memory 16 times a block.
+  int t = 0;
+  for (; t + kSumChunk <= n; t += kSumChunk) {
+    uint16_t v[kSumChunk];
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) v[j] = __ldg(x + (t + j) * a.in.stride_seq);
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) sum += static_cast<double>(element_to_float<T>(v[j]));
+  }
+  for (; t < n; ++t) sum += static_cast<double>(element_to_float<T>(__ldg(x + t * a.in.stride_seq)));
   a.block_sums[((static_cast<int64_t>(c.b) * a.heads + c.h) * a.nblocks + c.blk) * D + threadIdx.x] = sum;
 }
 
@@ -61,8 +73,17 @@ __global__ void __launch_bounds__(D) k_mean_kernel(const __grid_constant__ Smoot
   // contract; its mean is then wrong, but nothing is read out of bounds).
   const int nb = min((count + kBlockTokens - 1) / kBlockTokens, a.nblocks);
   const double* sums = a.block_sums + bh * a.nblocks * D + threadIdx.x;
-  double total = 0.0;
-  for (int b = 0; b < nb; ++b) total += sums[static_cast<int64_t>(b) * D];
+  double total = 0.0;   // block order, as the reference; the loads of kSumChunk blocks ahead of their additions (one
+                        // CTA per (sequence, head) walks every block: one load at a time waited nblocks times)
+  int b = 0;
+  for (; b + kSumChunk <= nb; b += kSumChunk) {
+    double v[kSumChunk];
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) v[j] = __ldg(sums + static_cast<int64_t>(b + j) * D);
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) total += v[j];
+  }
+  for (; b < nb; ++b) total += __ldg(sums + static_cast<int64_t>(b) * D);
   a.mean[bh * D + threadIdx.x] =
       count > 0 ? __fdiv_rn(__double2float_rn(total), __int2float_rn(count)) : 0.0f;
 }

@@ -332,6 +332,18 @@ TEST(PrepareSmoothing, BlockedMeanOrder) {
   }
 }
 
+// Sequences of more key blocks than the smoothing kernels load ahead of their additions (kSumChunk = 32 blocks, and
+// 32 tokens of a block): 71 blocks, the last of 40 keys, and a batch entry of 33 blocks; both formats, FP16 and BF16.
+TEST(PrepareSmoothing, LongSequencesKeepTheBlockOrder) {
+  SKIP_WITHOUT_SM90();
+  for (QkFormat f : {QkFormat::kInt8, QkFormat::kE4M3})
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+      const Case c{f == QkFormat::kInt8 ? "int8_long" : "e4m3_long", t, false, {128, 128}, {9000, 9000}, 2, 128, f,
+                   true, {9000, 4200}};
+      run_and_check(c, random_inputs(c, 29));
+    }
+}
+
 // prepare_fp8 with smoothing is stream-ordered (no host synchronization, no allocation): it captures into
 // a CUDA graph whose replays write the reference's bytes.
 TEST(PrepareSmoothing, CapturedInACudaGraph) {
