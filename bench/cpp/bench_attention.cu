@@ -600,6 +600,7 @@ int main(int argc, char** argv) {
         {"double max", launch_kernel<kPlainMode, kDoubleMax>},
         {"fp32 accumulate every tile", launch_kernel<kPlainMode, kFlushEvery1>},
         {"fp32 accumulate every 4 tiles", launch_kernel<kPlainMode, kFlushEvery4>},
+        {"Q from shared memory (before)", launch_kernel<kPlainMode, kQFromSharedMemory>},
     };
     const int kNum = only_prev ? 2 : int(sizeof(variants) / sizeof(variants[0]));
     LaunchPlan plan;

@@ -1,5 +1,6 @@
-// Q quantization inside the attention kernel (kFusedQMode, mode.h). The producer's TMA brings the tile's 128
-// BF16 / FP16 query rows into SharedStorage::q_stage; the 256 threads of the two consumer warpgroups reduce the
+// Q quantization inside the attention kernel (kFusedQMode, mode.h), and the load of a Q tile's codes into QK^T's
+// register operand (load_q_fragments). The producer's TMA brings the tile's 128 BF16 / FP16 query rows into
+// SharedStorage::q_stage; the 256 threads of the two consumer warpgroups reduce the
 // tile's amax, take numerics section 1's scale and write the E4M3 codes into the FP8 Q tile in the swizzle the
 // TMA writes for prepared Q, so the QK^T path reads them unchanged. A Q group of section 1 is one 128-row query
 // tile, and the arithmetic is the preparation's own (prepare/tile.cuh: scale_inv_of, descale_of, encode_chunk),
@@ -41,6 +42,11 @@ __device__ __forceinline__ void sts128(void* p, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
+__device__ __forceinline__ uint32_t lds_u32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(p)));
+  return v;
+}
 __device__ __forceinline__ float lds32(const float* p) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_addr(p)));
@@ -48,6 +54,15 @@ __device__ __forceinline__ float lds32(const float* p) {
 }
 __device__ __forceinline__ void sts32(float* p, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(p)), "f"(v) : "memory");
+}
+
+// The A fragments of QK^T with Q from registers (gmma.cuh, issue_qk_rs) for rows `row` and row + 8 of a Q tile written
+// in the TMA's swizzle: register 4s + r holds the 4 bytes of channels 32s + 16 (r / 2) + 4t of row + 8 (r % 2).
+template <int kD>
+__device__ __forceinline__ void load_q_fragments(const uint8_t* q, int row, int t, uint32_t (&frag)[kD / 8]) {
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+    frag[i] = lds_u32(q + swizzled_chunk_offset<kD>(row + 8 * (i & 1), 2 * (i / 4) + ((i & 3) >> 1)) + 4 * t);
 }
 
 // ct: this consumer thread (0..255). Thread ct takes half (ct % 2) of row ct / 2: kD / 2 elements, read as

@@ -19,6 +19,7 @@ namespace openvc::sm90 {
 namespace gmma = cute::SM90::GMMA;
 using QkMma = gmma::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;   // S = Q K^T, both K-major from smem
 using QkMmaInt8 = gmma::MMA_64x128x32_S32S8S8_SS_TN;      // the same with INT8 codes: exact int32 sums
+using QkMmaRs = gmma::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;   // the same with Q from registers (plain modes)
 // [O | l] += P [V | 1], P from registers; N = D + 8 (config.h).
 template <int kD>
 using PvMma = std::conditional_t<kD == 128, gmma::MMA_64x136x32_F32E4M3E4M3_RS_TN<>,
@@ -48,6 +49,11 @@ __device__ __forceinline__ void qk_mma_impl(uint64_t da, uint64_t db, float (&d)
   if constexpr (kInt8) QkMmaInt8::fma(da, db, reinterpret_cast<uint32_t&>(d[I])..., acc);  // int32 bits in d
   else QkMma::fma(da, db, d[I]..., acc);
 }
+template <size_t... I>
+__device__ __forceinline__ void qk_rs_mma_impl(const uint32_t* a, uint64_t db, float (&d)[64], gmma::ScaleOut acc,
+                                               std::index_sequence<I...>) {
+  QkMmaRs::fma(a[0], a[1], a[2], a[3], db, d[I]..., acc);
+}
 template <int kD, int N, size_t... I>
 __device__ __forceinline__ void pv_mma_impl(const uint32_t* a, uint64_t db, float (&d)[N], gmma::ScaleOut acc,
                                             std::index_sequence<I...>) {
@@ -76,6 +82,22 @@ __device__ __forceinline__ void issue_qk(uint64_t desc_q, uint64_t desc_k, float
     qk_mma_impl<kInt8>(desc_k_step(desc_q, k), desc_k_step(desc_k, k), s,
                 k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One, std::make_index_sequence<64>{});
   cute::warpgroup_commit_batch();
+  fence_regs(s);
+}
+
+// The same with Q's codes in registers: q holds, per k32 step s and register r, the A fragment of rows g + 8 (r % 2)
+// and channels 32s + 16 (r / 2) + 4t .. + 3 (kernel.cuh loads it from the tile once per query tile).
+template <int kD>
+__device__ __forceinline__ void issue_qk_rs(uint32_t (&q)[kD / 8], uint64_t desc_k, float (&s)[64]) {
+  fence_regs(q);
+  fence_regs(s);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int k = 0; k < kD / 32; ++k)
+    qk_rs_mma_impl(&q[4 * k], desc_k_step(desc_k, k), s, k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
+                   std::make_index_sequence<64>{});
+  cute::warpgroup_commit_batch();
+  fence_regs(q);
   fence_regs(s);
 }
 

@@ -318,6 +318,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kFlushEach = kVc;   // every tile's product flushed on its own (VC: each block's mean)
   constexpr bool kFusedQ = has_mode<kMode>(kFusedQMode);   // Q quantized here (fused_q.cuh)
   constexpr bool kFewKeys = has_mode<kMode>(kFewKeysMode);   // consumers in ping-pong (mode.h)
+  // Q's codes in registers for the tile (QK^T with A from registers) in the plain and fused-Q plain modes: no Q read
+  // from shared memory per key block (0.6-1.6% faster at the power-capped dense shapes, docs/performance.md);
+  // probe kQFromSharedMemory: the operand as before.
+  constexpr bool kQRegs = (kMode == kPlainMode || kMode == kFusedQMode) && !(kProbe & kQFromSharedMemory);
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;
   const int g = lane >> 2, t = lane & 3;
@@ -382,12 +386,20 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       qscale = q_multiplier(p, dq);
     }
 
+    // kQRegs: Q's A fragments, read once; the tile is then free (prepared Q: for the producer's next tile; the fused
+    // quantization's barriers already order its next write).
+    uint32_t q_regs[kQRegs ? kD / 8 : 1];
+    if constexpr (kQRegs) {
+      load_q_fragments<kD>(sh.q, row_base + g, t, q_regs);
+      if constexpr (!kFusedQ) release(&sh.q_empty);
+    }
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
     // around the asynchronous tensor-core work).
     int blk = consumer_block<kMode>(w.blocks, order(0), p.num_k_blocks);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
     issue_order.before();
-    issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+    if constexpr (kQRegs) issue_qk_rs<kD>(q_regs, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+    else issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
     issue_order.after();
     if constexpr (kLateQScale) qscale = q_multiplier(p, dq_tile);
     // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
@@ -397,7 +409,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);
-    if (n == 1 && !kRepair && !kFusedQ) release(&sh.q_empty);
+    if (n == 1 && !kRepair && !kFusedQ && !kQRegs) release(&sh.q_empty);
     {
       const auto a = qscale * block_k_descale<kInt8>(kd, blk, t);
       const BlockMask mask = mask_of(blk);
@@ -423,14 +435,15 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     auto issue_block = [&](bool last) {
       TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
       issue_order.before();
-      issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+      if constexpr (kQRegs) issue_qk_rs<kD>(q_regs, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
+      else issue_qk<kD, kInt8>(desc_q, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
       TxBarrier::wait(&sh.v_full[prev.stage], prev.phase);
       issue_pv<kD>(st.p, sw_kmajor_desc(sh.v[prev.stage]), st.pv, pv_fresh);
       issue_order.after();
       cute::warpgroup_wait<1>();
       fence_regs(s);
       release(&sh.k_empty[ring.stage]);
-      if (last && !kFusedQ) release(&sh.q_empty);  // the Q tile is read for the last time
+      if (last && !kFusedQ && !kQRegs) release(&sh.q_empty);  // the Q tile is read for the last time
     };
     // One key block of the steady state, specialized so that the common block carries no test for
     // the partial block or the flush period: kMaybePartial (a bool_constant) is false for blocks that

@@ -35,6 +35,8 @@ enum Probe : int {
   kExp2PolyQuarter = 131072,        // exp2 mode: key group 3 (keys 96-127) on the polynomial, 0-2 on MUFU (a
                                     // different result: the split's balance, bench "split")
   kExp2PolyThreeQuarters = 262144,  // exp2 mode: key groups 1-3 (keys 32-127) on the polynomial, 0 on MUFU
+  kQFromSharedMemory = 524288,  // plain and fused-Q plain modes: QK^T reads Q's codes from shared memory every key
+                                // block (the form before Q in registers, kernel.cuh; the same result)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
