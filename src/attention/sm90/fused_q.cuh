@@ -60,6 +60,7 @@ __device__ __forceinline__ void sts32(float* p, float v) {
 // in the TMA's swizzle: register 4s + r holds the 4 bytes of channels 32s + 16 (r / 2) + 4t of row + 8 (r % 2).
 template <int kD>
 __device__ __forceinline__ void load_q_fragments(const uint8_t* q, int row, int t, uint32_t (&frag)[kD / 8]) {
+  static_assert(kD == 128, "E4M3 Q rows of 128 bytes (the 128-byte swizzle); no other head dim takes Q in registers");
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i)
     frag[i] = lds_u32(q + swizzled_chunk_offset<kD>(row + 8 * (i & 1), 2 * (i / 4) + ((i & 3) >> 1)) + 4 * t);

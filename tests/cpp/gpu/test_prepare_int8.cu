@@ -332,15 +332,34 @@ TEST(PrepareSmoothing, BlockedMeanOrder) {
   }
 }
 
-// Sequences of more key blocks than the smoothing kernels load ahead of their additions (kSumChunk = 32 blocks, and
-// 32 tokens of a block): 71 blocks, the last of 40 keys, and a batch entry of 33 blocks; both formats, FP16 and BF16.
-TEST(PrepareSmoothing, LongSequencesKeepTheBlockOrder) {
+// Sequences of more key blocks than the smoothing kernels load ahead of their additions (kSumChunk = 32 tokens of a
+// block and 32 blocks): 71 blocks, the last of 40 keys, and a batch entry of 33 (seqused_k 4200), both formats. With
+// random keys (FP16 and BF16) every chunk and tail is read once; with BF16 magnitudes in head 0 of entry 0 only the
+// serial order gives the reference's mean: within block 0, 2^53 at token 0, ones at tokens 31-33 and -2^53 at token 39
+// sum to 0 (summed per 32-token chunk they give 2); across blocks, 2^53 in block 31, ones in blocks 32-33 and -2^53 in
+// block 34 sum to 0 (per 32-block chunk: 2), and a nonzero mean moves the codes of the ones-only blocks.
+TEST(PrepareSmoothing, LongSequencesSumInOrderAcrossChunks) {
   SKIP_WITHOUT_SM90();
   for (QkFormat f : {QkFormat::kInt8, QkFormat::kE4M3})
     for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-      const Case c{f == QkFormat::kInt8 ? "int8_long" : "e4m3_long", t, false, {128, 128}, {9000, 9000}, 2, 128, f,
-                   true, {9000, 4200}};
-      run_and_check(c, random_inputs(c, 29));
+      const Case c{std::string(f == QkFormat::kInt8 ? "int8" : "e4m3") + (t == DType::kBFloat16 ? "_bf16" : "_f16"), t,
+                   false, {128, 128}, {9000, 9000}, 2, 128, f, true, {9000, 4200}};
+      Inputs in = random_inputs(c, 29);
+      if (t == DType::kBFloat16) {
+        auto at = [](int token, int d) { return (int64_t(token) * 2 + 0) * 128 + d; };   // entry 0, head 0
+        for (int d = 0; d < 128; ++d) {
+          for (int k = 0; k < 9000; ++k) in.k.set(c.dtype, at(k, d), 0.0f);
+          in.k.set(c.dtype, at(0, d), 0x1p53f);
+          for (int k : {31, 32, 33}) in.k.set(c.dtype, at(k, d), 1.0f);
+          in.k.set(c.dtype, at(39, d), -0x1p53f);
+          in.k.set(c.dtype, at(31 * 128, d), 0x1p53f);
+          in.k.set(c.dtype, at(32 * 128, d), 1.0f);
+          in.k.set(c.dtype, at(33 * 128, d), 1.0f);
+          in.k.set(c.dtype, at(34 * 128, d), -0x1p53f);
+        }
+      }
+      SCOPED_TRACE(c.name);
+      run_and_check(c, in);
     }
 }
 
