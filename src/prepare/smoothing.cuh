@@ -40,6 +40,24 @@ __device__ __forceinline__ float element_to_float<F16>(uint16_t u) {
 // Loads issued together ahead of the serial double additions of both kernels.
 inline constexpr int kSumChunk = 32;
 
+// The sum of to_double(load(i)) for i = 0 .. n-1 in index order, one double addition each (the reference's order),
+// with the loads of kSumChunk terms issued ahead of their additions: the additions are a serial chain, the loads are
+// not (with 8 tokens in flight a block-sum CTA waited for memory 16 times a block, and a mean thread once per block).
+template <typename V, class Load, class ToDouble>
+__device__ __forceinline__ double ordered_sum(int n, Load load, ToDouble to_double) {
+  double sum = 0.0;
+  int i = 0;
+  for (; i + kSumChunk <= n; i += kSumChunk) {
+    V v[kSumChunk];
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) v[j] = load(i + j);
+#pragma unroll
+    for (int j = 0; j < kSumChunk; ++j) sum += to_double(v[j]);
+  }
+  for (; i < n; ++i) sum += to_double(load(i));
+  return sum;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(D) k_block_sums_kernel(const __grid_constant__ SmoothArgs a) {
   const CtaCoord c = cta_coord(a.heads, a.nblocks);
@@ -49,18 +67,10 @@ __global__ void __launch_bounds__(D) k_block_sums_kernel(const __grid_constant__
   if (n <= 0) return;  // no valid key in this block: k_mean_kernel does not read it
   const uint16_t* x = static_cast<const uint16_t*>(a.in.data) + span.in_offset + c.h * a.in.stride_head +
                       static_cast<int64_t>(token0) * a.in.stride_seq + threadIdx.x;
-  double sum = 0.0;  // the reference's order: token by token, one double addition each
-  // The loads of kSumChunk tokens first, then their additions in order: the additions are a serial chain, the loads
-  // are not, and with 8 in flight each CTA waited for memory 16 times a block.
-  int t = 0;
-  for (; t + kSumChunk <= n; t += kSumChunk) {
-    uint16_t v[kSumChunk];
-#pragma unroll
-    for (int j = 0; j < kSumChunk; ++j) v[j] = __ldg(x + (t + j) * a.in.stride_seq);
-#pragma unroll
-    for (int j = 0; j < kSumChunk; ++j) sum += static_cast<double>(element_to_float<T>(v[j]));
-  }
-  for (; t < n; ++t) sum += static_cast<double>(element_to_float<T>(__ldg(x + t * a.in.stride_seq)));
+  // the reference's order: token by token, one double addition each
+  const double sum = ordered_sum<uint16_t>(
+      n, [&](int t) { return __ldg(x + t * a.in.stride_seq); },
+      [](uint16_t u) { return static_cast<double>(element_to_float<T>(u)); });
   a.block_sums[((static_cast<int64_t>(c.b) * a.heads + c.h) * a.nblocks + c.blk) * D + threadIdx.x] = sum;
 }
 
@@ -73,17 +83,9 @@ __global__ void __launch_bounds__(D) k_mean_kernel(const __grid_constant__ Smoot
   // contract; its mean is then wrong, but nothing is read out of bounds).
   const int nb = min((count + kBlockTokens - 1) / kBlockTokens, a.nblocks);
   const double* sums = a.block_sums + bh * a.nblocks * D + threadIdx.x;
-  double total = 0.0;   // block order, as the reference; the loads of kSumChunk blocks ahead of their additions (one
-                        // CTA per (sequence, head) walks every block: one load at a time waited nblocks times)
-  int b = 0;
-  for (; b + kSumChunk <= nb; b += kSumChunk) {
-    double v[kSumChunk];
-#pragma unroll
-    for (int j = 0; j < kSumChunk; ++j) v[j] = __ldg(sums + static_cast<int64_t>(b + j) * D);
-#pragma unroll
-    for (int j = 0; j < kSumChunk; ++j) total += v[j];
-  }
-  for (; b < nb; ++b) total += __ldg(sums + static_cast<int64_t>(b) * D);
+  // block order, as the reference (one CTA per (sequence, head) walks every block)
+  const double total = ordered_sum<double>(
+      nb, [&](int b) { return __ldg(sums + static_cast<int64_t>(b) * D); }, [](double v) { return v; });
   a.mean[bh * D + threadIdx.x] =
       count > 0 ? __fdiv_rn(__double2float_rn(total), __int2float_rn(count)) : 0.0f;
 }
