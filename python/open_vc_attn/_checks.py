@@ -244,7 +244,8 @@ def check_one_cuda_device(names, tensors, prefix):
     dev = tensors[0].device
     for name, x in zip(names, tensors):
         if x.device.type != "cuda" or x.device != dev:
-            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, got {x.device}")
+            raise ValueError(f"{prefix}{name}: expected a CUDA tensor on {prefix}q_codes's device {dev}, "
+                             f"got {x.device}")
 
 
 def prepared_meta(prepared, varlen=False) -> dict:
@@ -435,7 +436,8 @@ def mid_window(x) -> int:
 def causal_chunk(x, causal) -> int:
     """causal_chunk: an int >= 1 (1: plain causal); another value needs causal=True (numerics section 5)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"causal_chunk: expected an int >= 1 (keys per chunk; 1 is plain causal), got {type(x).__name__}")
+        raise TypeError(f"causal_chunk: expected an int >= 1 (keys per chunk; 1 is plain causal), "
+                        f"got {type(x).__name__}")
     if not 1 <= x <= INT_MAX:
         raise ValueError(f"causal_chunk: expected an int in [1, 2^31), got {x}")
     if x != 1 and not causal:

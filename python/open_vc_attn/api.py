@@ -222,8 +222,9 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     in every form above; one the fast path cannot take raises ValueError naming prepared.qk_format.
     p_format: P's code, an option of this call (not of the preparation: one preparation may be attended with
     either): "expcast" (default, ExpCast's linear code) or "exp2" (the E4M3 rounding of the exponential, within one
-    step for keys 64-127 of each block, more accurate; docs/numerics.md "P format"), which needs an INT8 preparation: with prepared.qk_format "e4m3" it
-    raises ValueError naming p_format; anything but the two strings raises ValueError naming p_format.
+    step for keys 64-127 of each block, more accurate; docs/numerics.md "P format"), which needs an INT8
+    preparation: with prepared.qk_format "e4m3" it raises ValueError naming p_format; anything but the two
+    strings raises ValueError naming p_format.
     """
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
@@ -327,7 +328,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     if block_mask is not None:   # what the op cannot see: the BF16 reference, a mask that moves keys, packing
         from . import _block_sparse
         _block_sparse.reject_with(**{"version='reference'": reference, "key_padding_mask": key_padding_mask is not None,
-                                     "cu_seqlens (packed sequences)": cu_seqlens_q is not None or cu_seqlens_k is not None})
+                                     "cu_seqlens (packed sequences)":
+                                         cu_seqlens_q is not None or cu_seqlens_k is not None})
     if cu_seqlens_q is None and cu_seqlens_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             name = "max_seqlen_q" if max_seqlen_q is not None else "max_seqlen_k"
@@ -358,7 +360,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
             k4, v4, seqused_k = _keys.compact_keys(k4, v4, keep)
         blocks = (None, None)
         if block_mask is not None:
-            blocks = _block_sparse.lists_of(block_mask, seqlen_q=int(q4.shape[1]), seqlen_k=sk, check_inputs=check_inputs,
+            blocks = _block_sparse.lists_of(block_mask, seqlen_q=int(q4.shape[1]), seqlen_k=sk,
+                                            check_inputs=check_inputs,
                                             batch=b, heads=int(q4.shape[2]))
         from . import ops
         out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks, causal_chunk)

@@ -25,7 +25,8 @@ with new q, k and v of the same shapes while the cache does not change. A graph 
 ``append`` must not be replayed after it: it writes the current chunk where the appended keys now are (and
 reads a remainder that no longer exists), so it corrupts the cache; capture again after each append. The cache
 is eager Python state (its length): it is not meant to be compiled (torch.compile would break its graph at the
-kernel launches and recompile as the length changes); compile the model around it, or capture a CUDA graph. Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
+kernel launches and recompile as the length changes); compile the model around it, or capture a CUDA graph.
+Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
 everything cached), no K smoothing (each piece's own mean would shift its scores).
 """
 from __future__ import annotations
@@ -59,7 +60,8 @@ class FP8KVCache:
             if x < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
         if head_dim != 128:
-            raise ValueError(f"head_dim: the FP8 KV cache takes 128 (the fast path's V block descales), got {head_dim!r}")
+            raise ValueError(f"head_dim: the FP8 KV cache takes 128 (the fast path's V block descales), "
+                             f"got {head_dim!r}")
         self.qk_format = _checks.qk_format(qk_format)
         self.batch, self.heads, self.head_dim, self.capacity = int(batch), int(heads), int(head_dim), int(capacity)
         self.device = torch.device(device if device is not None else "cuda")
@@ -120,7 +122,8 @@ class FP8KVCache:
         self._check_tokens("k", k, "n")
         self._check_tokens("v", v, "n")
         if v.shape != k.shape or v.dtype != k.dtype:
-            raise ValueError(f"v: expected k's shape {tuple(k.shape)} and dtype {k.dtype}, got {tuple(v.shape)}, {v.dtype}")
+            raise ValueError(f"v: expected k's shape {tuple(k.shape)} and dtype {k.dtype}, "
+                             f"got {tuple(v.shape)}, {v.dtype}")
         if k.shape[1] == 0:   # an empty chunk: nothing to add
             return None
         if self.length + k.shape[1] > self.capacity:

@@ -15,7 +15,8 @@ the all-to-alls move bytes without arithmetic; openvc computes each (batch, head
 others and of the input strides, so attending H/N heads of the full sequence gives those heads' bytes of
 the single-GPU call. In the FP8 path, Q/K descales are per 128-token block (INT8: Q per row, K per 16-key
 group of a 128-key block), so a shard whose length is a multiple of 128 quantizes to the same groups; the
-V scale is one per (sequence, head), computed from the exact MAX all-reduce of the shards' amax, with the same FP32 arithmetic as the prepare kernel
+V scale is one per (sequence, head), computed from the exact MAX all-reduce of the shards' amax, with the
+same FP32 arithmetic as the prepare kernel
 (``448 / amax`` and ``amax / 448`` correctly rounded, one FP32 multiply, E4M3 round-to-nearest-even with
 saturation to +-448, NaN -> 0x7F).
 """
@@ -57,7 +58,8 @@ def _check_args(q, k, v, world_size, fp8_all_to_all):
     if v4.shape != k4.shape:
         raise ValueError(f"v: expected the shape of k {_checks.shape_of(k)}, got {_checks.shape_of(v)}")
     if k4.shape[0] != q4.shape[0] or k4.shape[2:] != q4.shape[2:]:
-        raise ValueError(f"k: expected the batch, heads and head_dim of q {_checks.shape_of(q)}, got {_checks.shape_of(k)}")
+        raise ValueError(f"k: expected the batch, heads and head_dim of q {_checks.shape_of(q)}, "
+                         f"got {_checks.shape_of(k)}")
     heads = int(q4.shape[2])
     if heads % world_size != 0:
         raise ValueError(f"q: the head count H = {heads} must be divisible by the world size N = {world_size} of "

@@ -20,7 +20,8 @@ def main(argv=None):
     import open_vc_attn as ova
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, args.sq, args.heads, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(1, args.sk, args.heads, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, args.sk, args.heads, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
     if args.complete:
         name, call = "attention", lambda: ova.attention(q, k, v)
     else:

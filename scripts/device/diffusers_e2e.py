@@ -448,7 +448,8 @@ def table(records):
         blocks = sum(r["blocks"].values())
         sec = r.get("s_per_forward")
         times = (f"{sec['native']:.3f} | {sec['openvc']:.3f} | {r['speedup']:.2f}x" if sec else "- | - | -")
-        lines.append(f"| {r['model']}: {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | {r['video_tokens']:,} + "
+        lines.append(f"| {r['model']}: {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | "
+                     f"{r['video_tokens']:,} + "
                      f"{r['text_tokens']} ({r['text_padding']}) | {r['heads']} x {r['head_dim']} | {times} | "
                      f"{ov} / {fb} |")
     return "\n".join(lines)
@@ -522,7 +523,8 @@ def main(argv=None):
     used_policy = policy or ovp.DEFAULT_POLICY
     header = {"diffusers": diffusers.__version__, "torch": torch.__version__, "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "dry_run": args.dry_run,
-              "shapes_only": args.shapes_only, "runs": args.runs, "policy": {"min_query_tokens": used_policy.min_query_tokens,
+              "shapes_only": args.shapes_only, "runs": args.runs, "policy": {
+                                            "min_query_tokens": used_policy.min_query_tokens,
                                             "min_key_tokens": used_policy.min_key_tokens,
                                             "head_dims": list(used_policy.head_dims),
                                             "qk_format": used_policy.qk_format,

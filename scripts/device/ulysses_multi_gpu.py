@@ -166,8 +166,9 @@ def main():
                 continue
             good = res["out_bit_equal"] and res["lse_bit_equal"]
             ok &= good
+            diffs = {k: v for k, v in res.items() if k.startswith(('out_', 'lse_'))}
             print(f"[ulysses] {head}: out bit-equal {res['out_bit_equal']}, lse bit-equal {res['lse_bit_equal']}"
-                  f"{'' if good else ' ' + json.dumps({k: v for k, v in res.items() if k.startswith(('out_', 'lse_'))})}"
+                  f"{'' if good else ' ' + json.dumps(diffs)}"
                   f"; single-GPU attention {res['single_gpu_attention_ms']:.2f} ms", flush=True)
             for r, t in enumerate(res["per_rank_ms"]):
                 parts = " ".join(f"{name} {t[name]:.2f}" for name in

@@ -84,7 +84,8 @@ def test_extension_maps_cpp_status_to_value_error():
         attn.no_such_field = 1   # a misspelt field name is an error, not a silent new attribute
     assert ext.DEFAULT_MID_WINDOW_BLOCKS == attn.mid_window_blocks == ext.GeneralAttentionParams().mid_window_blocks
     assert tuple(ext.PACKED_KEY_ORDER) == tuple(PACKED_KEY_ORDER)
-    assert ext.prepare_workspace_bytes(2, 3, 256, False) % 16 == 0 and ext.prepare_workspace_bytes(2, 3, 256, False) >= 24
+    assert (ext.prepare_workspace_bytes(2, 3, 256, False) % 16 == 0
+            and ext.prepare_workspace_bytes(2, 3, 256, False) >= 24)
 
 
 # ---- argument validation without a GPU (CPU / meta tensors) --------------------------------------------
@@ -101,7 +102,8 @@ def test_errors_shapes_and_dtypes(torch, fn):
         (ValueError, "k: expected batch 1", cpu_qkv(torch, k=z(2, 8, 2, 128, dtype=bf), v=z(2, 8, 2, 128, dtype=bf))),
         (ValueError, r"GQA/MQA \(unequal head counts\) is not supported",
          cpu_qkv(torch, k=z(1, 8, 1, 128, dtype=bf), v=z(1, 8, 1, 128, dtype=bf))),
-        (ValueError, "k: expected head_dim 128", cpu_qkv(torch, k=z(1, 8, 2, 64, dtype=bf), v=z(1, 8, 2, 64, dtype=bf))),
+        (ValueError, "k: expected head_dim 128",
+         cpu_qkv(torch, k=z(1, 8, 2, 64, dtype=bf), v=z(1, 8, 2, 64, dtype=bf))),
         (ValueError, "v: expected the shape of k", cpu_qkv(torch, v=z(1, 9, 2, 128, dtype=bf))),
         (TypeError, "q: expected dtype torch.bfloat16 or torch.float16", cpu_qkv(torch, dtype=torch.float32)),
         (TypeError, "v: expected dtype torch.bfloat16 like q", cpu_qkv(torch, v=z(1, 8, 2, 128, dtype=torch.float16))),
@@ -117,7 +119,8 @@ def test_errors_shapes_and_dtypes(torch, fn):
         (ValueError, "v: the head stride must be a multiple of 8",
          cpu_qkv(torch, v=z(4096, dtype=bf).as_strided((1, 8, 2, 128), (0, 264, 132, 1)))),
         (ValueError, "q: expected a CUDA tensor, got device cpu", cpu_qkv(torch)),
-        (ValueError, "q: expected a CUDA tensor, got device meta", cpu_qkv(torch, q=z(1, 8, 2, 128, dtype=bf, device="meta"))),
+        (ValueError, "q: expected a CUDA tensor, got device meta",
+         cpu_qkv(torch, q=z(1, 8, 2, 128, dtype=bf, device="meta"))),
     ]
     for exc, msg, (q, k, v) in cases:
         with pytest.raises(exc, match=msg):
@@ -268,7 +271,8 @@ def test_attention_matches_reference(torch, b, s, h, w):
     # ln(9/8)/2 = 0.06, on a row dominated by a few keys). Measured on the H200: 0.2% on smooth
     # video-like inputs (C++ suite), up to 1.1% with sinks at S <= 1000, where few keys dominate.
     assert err <= 1.5e-2, f"rel L2 vs reference {err:.2e}"
-    assert lse_diff.max() <= 0.06 and lse_diff.mean() <= 6e-3, f"lse max {lse_diff.max():.3g} mean {lse_diff.mean():.3g}"
+    assert lse_diff.max() <= 0.06 and lse_diff.mean() <= 6e-3, \
+        f"lse max {lse_diff.max():.3g} mean {lse_diff.mean():.3g}"
     # Against exact attention the kernel is as accurate as the reference (within 10% of its error).
     if ("video", b, s, h) not in _EXACT_CACHE:
         _EXACT_CACHE[("video", b, s, h)] = ref.attention_exact(qn, kn, vn)

@@ -25,7 +25,8 @@ def random_lists(torch, b, h, q_tiles, k_tiles, density, seed, empty_every=5, de
     counts = take.sum(-1).to(torch.int32)
     order = torch.argsort((~take).to(torch.int8), dim=-1, stable=True).to(torch.int32)
     idx = torch.full((b, h, q_tiles, k_tiles + 2), -9, dtype=torch.int32)
-    idx[..., :k_tiles] = torch.where(torch.arange(k_tiles) < counts[..., None], order, torch.tensor(-9, dtype=torch.int32))
+    idx[..., :k_tiles] = torch.where(torch.arange(k_tiles) < counts[..., None], order,
+                                     torch.tensor(-9, dtype=torch.int32))
     return counts.to(device), idx.to(device)
 
 

@@ -72,7 +72,8 @@ def test_packed_and_key_counts(torch):
     for b in range(2):
         n = int(counts[b])
         # a key count shortens Sk: queries align to the end of the n kept keys
-        want, _ = sdpa(torch, q2[b:b + 1], k2[b:b + 1, :n], v2[b:b + 1, :n], chunk_mask(torch, 1000, n, chunk)[None, None])
+        want, _ = sdpa(torch, q2[b:b + 1], k2[b:b + 1, :n], v2[b:b + 1, :n],
+                       chunk_mask(torch, 1000, n, chunk)[None, None])
         assert rel(torch, got[b:b + 1], want) < 0.06
 
 

@@ -185,7 +185,8 @@ def test_from_quantized_int8(torch):
                                                                                           dtype=torch.int8, **m))),
         (ValueError, r"^q_descale: expected shape \(1, 2, 200\) = \[B, H, Sq\]",
          args(q_descale=torch.empty(1, 2, 2, **m))),
-        (ValueError, r"^k_descale: expected rank 4 \[B, H, ceil\(Sk/128\), 8\]", args(k_descale=torch.empty(1, 2, 3, **m))),
+        (ValueError, r"^k_descale: expected rank 4 \[B, H, ceil\(Sk/128\), 8\]",
+         args(k_descale=torch.empty(1, 2, 3, **m))),
         (ValueError, r"^k_descale: expected shape \(1, 2, 3, 8\)", args(k_descale=torch.empty(1, 2, 3, 4, **m))),
         (ValueError, "^q_codes: expected a CUDA tensor, got device meta", args()),   # everything else is valid
     ]

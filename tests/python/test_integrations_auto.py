@@ -241,7 +241,8 @@ def test_exact_rows_of_each_call_class(torch, af, kind):
         keep[0, 70:] = False
         keep[1, :5] = False
         kw["key_padding_mask"] = (keep if kind == "bool mask" else
-                                  torch.zeros(2, 1, 1, 96).masked_fill(~keep[:, None, None], -10000.0).to(torch.bfloat16))
+                                  torch.zeros(2, 1, 1, 96).masked_fill(~keep[:, None, None], -10000.0)
+                                  .to(torch.bfloat16))
     elif kind == "scale":
         kw["scale"] = 0.3
     else:
@@ -623,7 +624,8 @@ x = torch.randn(1, 1, 2, 64).to(torch.bfloat16)     # one query, one key: attent
 impl.forward(x, x, x); impl.forward(x, x, x)
 cu = torch.tensor([0, 1, 2], dtype=torch.int32)
 xs = torch.randn(2, 2, 64).to(torch.bfloat16)
-impl.forward_varlen(xs, xs, xs, cu_seqlens=cu, max_seqlen=1); impl.forward_varlen(xs, xs, xs, cu_seqlens=cu, max_seqlen=1)
+impl.forward_varlen(xs, xs, xs, cu_seqlens=cu, max_seqlen=1)
+impl.forward_varlen(xs, xs, xs, cu_seqlens=cu, max_seqlen=1)
 print(json.dumps({"calls": calls, "stats": [[list(k), n] for k, n in m.stats().items()]}))
 '''
 

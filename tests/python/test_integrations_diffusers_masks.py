@@ -308,7 +308,8 @@ def test_auto_measures_against_the_block_level_mask(torch, masks):
     tried.clear()
     choice, res = af.AutoChoices().choose(owner, auto, lambda pol: run(pol, 0.2), q, k, v, block_mask=fc)
     assert choice.policy is None and res is None
-    assert tried == ["", "qk_format=int8, k_smoothing"] and [n for n, _ in choice.errors] == ["e4m3", "int8+k_smoothing"]
+    assert (tried == ["", "qk_format=int8, k_smoothing"]
+            and [n for n, _ in choice.errors] == ["e4m3", "int8+k_smoothing"])
     assert all(abs(err - 0.2) < 1e-3 for _, err in choice.errors), choice.errors
 
 

@@ -214,7 +214,8 @@ def test_long_context_attention_two_processes(yunchang, tmp_path, ulysses, ring,
     for rank in result["ranks"]:
         assert rank["rel_l2"] < 1e-2, rank           # BF16 output of exact attention vs float64
         # every ring step of every layer call went where the policy sends it
-        expected = {"openvc": ring} if route == "openvc" else {f"fallback: short query ({rank['sq']} < 100000 tokens)": ring}
+        expected = ({"openvc": ring} if route == "openvc"
+                    else {f"fallback: short query ({rank['sq']} < 100000 tokens)": ring})
         assert rank["routes"] == expected, rank
 
 

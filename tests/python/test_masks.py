@@ -285,7 +285,8 @@ SIZES = dict(batch=2, heads=3, seqlen_q=200, seqlen_k=300)   # Q_tiles 2, key ti
      r"^kv_num_blocks: expected \[B, H, Q_tiles\] with B in \(1, 2\), H in \(1, 3\), Q_tiles = ceil\(200/128\) = 2"),
     (lambda t, c, i: (c.expand(1, 2, 2), i.expand(1, 2, 2, 3)), ValueError, r"^kv_num_blocks: .*H in \(1, 3\)"),
     (lambda t, c, i: (c[..., :1], i[..., :1, :]), ValueError, r"^kv_num_blocks: .*Q_tiles = ceil\(200/128\) = 2"),
-    (lambda t, c, i: (c, i.expand(2, 1, 2, 3)), ValueError, r"^kv_indices: expected \[B, H, Q_tiles, K_tiles\] = \[1, 1, 2"),
+    (lambda t, c, i: (c, i.expand(2, 1, 2, 3)), ValueError,
+     r"^kv_indices: expected \[B, H, Q_tiles, K_tiles\] = \[1, 1, 2"),
     (lambda t, c, i: (c, i[..., :0]), ValueError, r"^kv_indices: .*K_tiles >= 1"),
     (lambda t, c, i: (c, i.to("meta")), ValueError, r"^kv_indices: expected the device of kv_num_blocks \(cpu\)"),
 ])
@@ -307,7 +308,8 @@ def test_check_block_lists_accepts(torch, masks):
     ([[[1, 2]]], [[[[0], [0]]]], r"^kv_num_blocks: .*\(0, 0, 1\): count 2 is outside \[0, 1\] \(min\(K_tiles = 1"),
     ([[[-1, 0]]], [[[[0], [0]]]], r"^kv_num_blocks: .*\(0, 0, 0\): count -1"),
     ([[[1, 2]]], [[[[0, 0, 0], [1, 3, 0]]]],
-     r"^kv_indices: block lists of \(b, h, q_tile\) = \(0, 0, 1\): entry 1 is 3, outside \[0, ceil\(seqlen_k/128\) = 3\)"),
+     r"^kv_indices: block lists of \(b, h, q_tile\) = \(0, 0, 1\): entry 1 is 3, "
+     r"outside \[0, ceil\(seqlen_k/128\) = 3\)"),
     ([[[1, 1]]], [[[[-1, 0, 0], [1, 3, 0]]]], r"^kv_indices: .*\(0, 0, 0\): entry 0 is -1"),
     ([[[2, 2]]], [[[[1, 1, 0], [2, 1, 0]]]],
      r"^kv_indices: .*\(0, 0, 0\): the listed indices are not strictly ascending \(entry 0 is 1, entry 1 is 1\)"),

@@ -137,4 +137,5 @@ def test_attention_runs_the_one_op_or_its_implementation(monkeypatch):
     assert all(g is w if isinstance(w, torch.Tensor) else g == w for g, w in zip(got, args)) and len(got) == 16
     seen = []
     monkeypatch.setattr(call, "attention_cuda", lambda *a: seen.append(a) or "attention_cuda")
-    assert call.attention(*args) == "attention_cuda" and len(seen[0]) == len(args) and all(a is b for a, b in zip(seen[0], args))
+    assert (call.attention(*args) == "attention_cuda" and len(seen[0]) == len(args)
+            and all(a is b for a, b in zip(seen[0], args)))

@@ -316,7 +316,8 @@ def run_ceilings(torch, device, args, log):
         timer.release()
     timers.clear()
     log("ceilings: " + ", ".join(f"{n} {v.get('tflops', v.get('gbps', float('nan'))):.0f}"
-                                 f"{' TF' if 'tflops' in v else ' GB/s' if 'gbps' in v else ''}" for n, v in out.items()))
+                                 f"{' TF' if 'tflops' in v else ' GB/s' if 'gbps' in v else ''}"
+                                 for n, v in out.items()))
     return out
 
 

@@ -479,7 +479,8 @@ def run(case_names, rounds, seed=0, on_record=None):
                   for e in res if e != base}
         if "openvc-packed-kernel" in res:
             # TFLOP/s of the packed kernel over the dense kernel's on the same total (the acceptance ratio).
-            ratios["packed_tflops_over_dense"] = res["openvc-packed-kernel"]["tflops"] / res["openvc-dense-kernel"]["tflops"]
+            ratios["packed_tflops_over_dense"] = (res["openvc-packed-kernel"]["tflops"]
+                                                  / res["openvc-dense-kernel"]["tflops"])
         paired = paired_table(samples)
         rec = {"case": name, "spec": spec, "results": res, "ratios": ratios, "paired": paired, "errors": errors,
                "skipped": skipped, "visiting_orders": orders, "seconds": round(time.time() - t0, 1)}

@@ -364,7 +364,8 @@ def markdown(rec) -> str:
         comp = sp.get("complete")
         row = [info["label"]] + [_pct(errs.get(i)) for i in inputs] + \
               [_pct(sum(five) / len(five)) if five else "—", _ms(comp), _tf(comp),
-               (comp or {}).get("method", "—").replace("cuda_graph", "graph"), _ms(sp.get("eager")), _ms(sp.get("kernel"))]
+               (comp or {}).get("method", "—").replace("cuda_graph", "graph"), _ms(sp.get("eager")),
+               _ms(sp.get("kernel"))]
         lines.append("| " + " | ".join(row) + " |")
     if missing:
         lines += ["", "Unavailable (not measured, nothing substituted):"] + missing
@@ -406,7 +407,8 @@ def write_png(rec, path, log=print) -> bool:
             ax.scatter([tf], [100 * sum(five) / len(five)], color=color, s=110, edgecolor="black", zorder=3,
                        label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("TFLOP/s, complete call" + (" (S = {seqlen}, H = {heads}, D = {head_dim})".format(**rec["settings"]["speed_shape"])
+    ax.set_xlabel("TFLOP/s, complete call" + (" (S = {seqlen}, H = {heads}, D = {head_dim})".format(
+                                              **rec["settings"]["speed_shape"])
                                               if rec["settings"].get("speed_shape") else ""))
     ax.set_ylabel("rel L2 vs exact FP64 (%)")
     ax.set_title("Q/K formats: error vs speed (large: mean of issue 25's five inputs; small: each input)", fontsize=9)

@@ -129,7 +129,8 @@ def render_markdown(records, plot_paths=(), plot_message=None) -> str:
                     dims = "x".join(str(n) for n in c.get("shape", []))
                     label = {"gemm_fp8": "FP8 GEMM (torch._scaled_mm e4m3)",
                              "gemm_bf16": "BF16 GEMM (torch.matmul)"}.get(name, name)
-                    out.append(f"| {label} {dims} | {_fmt(c['median_ms'], '.3f')} | {_fmt(c['tflops'], '.0f')} TFLOP/s |")
+                    out.append(f"| {label} {dims} | {_fmt(c['median_ms'], '.3f')} | "
+                               f"{_fmt(c['tflops'], '.0f')} TFLOP/s |")
             out.append("")
         missing = {n: b for n, b in rec.get("backends", {}).items() if b.get("status") != "ok"}
         if missing:
@@ -183,7 +184,8 @@ def _series_plot(plt, groups, xkey, xlabel, title_fmt, fname_fmt, out_dir, logx=
             continue
         series = {}
         for gpu, case, res in pts:
-            series.setdefault((_label(res), res["scope"], res.get("kind")), []).append((case[xkey], res["timing"]["tflops"]))
+            series.setdefault((_label(res), res["scope"], res.get("kind")), []).append(
+                (case[xkey], res["timing"]["tflops"]))
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for (label, scope, kind), xy in sorted(series.items()):
             xy.sort()

@@ -21,8 +21,9 @@ candidate: it helps only where K has a channel offset, and there INT8 + K smooth
 Keying: one choice per (module, call class), the class being (causal, key padding mask, LSE returned,
 packed, block mask). A format's error follows the module's q/k statistics (its weights), which its calls at other
 lengths and steps share; causal, masked and packed calls are other attention problems, and an LSE call
-is kept apart too (its consumer, a ring merge, is another use of the result). Not keyed by shape: a new resolution does not choose again (choosing costs up to
-3 calls and a host read). Reset: :meth:`AutoChoices.reset` (the integrations' ``reset_auto``).
+is kept apart too (its consumer, a ring merge, is another use of the result). Not keyed by shape: a new
+resolution does not choose again (choosing costs up to 3 calls and a host read). Reset:
+:meth:`AutoChoices.reset` (the integrations' ``reset_auto``).
 
 Cost and synchronization: the choosing call runs up to 3 openvc calls and exact attention of the sampled
 rows (their keys and values gathered in FP32, in blocks of about 256 MiB), holds the candidates' outputs

@@ -217,7 +217,8 @@ class EasyAnimateProcessor(DirectProcessor):
                 eq = attn.norm_added_q(eq)
             if attn.norm_added_k is not None:
                 ek = attn.norm_added_k(ek)
-            query, key, value = torch.cat([eq, query], dim=2), torch.cat([ek, key], dim=2), torch.cat([ev, value], dim=2)
+            query, key, value = (torch.cat([eq, query], dim=2), torch.cat([ek, key], dim=2),
+                                 torch.cat([ev, value], dim=2))
         if image_rotary_emb is not None:
             _rope_after_text(attn, query, key, encoder_hidden_states.shape[1], image_rotary_emb)
         out = self._route_unmasked(query, key, value)

@@ -1,4 +1,5 @@
-"""diffusers integration: openvc as an attention backend of diffusers' attention dispatch (docs/integrations/diffusers.md).
+"""diffusers integration: openvc as an attention backend of diffusers' attention dispatch
+(docs/integrations/diffusers.md).
 
 diffusers' transformers (Wan, HunyuanVideo, LTX, ...) compute q, k, v and call
 ``diffusers.models.attention_dispatch.dispatch_attention_fn``, which runs the function registered for the

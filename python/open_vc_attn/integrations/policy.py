@@ -76,8 +76,9 @@ class DispatchPolicy:
     (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same where the call returns its LSE, which
     attention() gives for the keys as given with K smoothing), measures each one's rel L2 against exact FP32
     attention on 256 sampled query rows, and keeps the first within auto_tolerance for that module's calls, or
-    sends them to the framework's attention when none is (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing
-    and p_format are then part of the choice: ValueError naming them unless they keep their defaults.
+    sends them to the framework's attention when none is (:mod:`open_vc_attn.integrations._auto_format`;
+    docs/integrations/diffusers.md). k_smoothing and p_format are then part of the choice: ValueError naming
+    them unless they keep their defaults.
     auto_tolerance (default 0.05): the largest rel L2 of the sampled rows a format may have; a finite
     real > 0, else ValueError naming it. Why 0.05: SageAttention2, the quantized attention video users pick
     for quality, measured 3.73-5.75% on issue 25's five inputs (docs/performance.md, fourth session), so

@@ -165,7 +165,8 @@ class OpenVCAttentionImpl(AttentionImpl):
         if path == _policy.OPENVC and policy.qk_format == _policy.AUTO:
             choice, out = _auto.choose(
                 self, policy, lambda pol: _fast_varlen_attention(query, key, value, cu_seqlens, max_seqlen,
-                                                                 self.softmax_scale, self.causal, **pol.openvc_kwargs()),
+                                                                 self.softmax_scale, self.causal,
+                                                                 **pol.openvc_kwargs()),
                 query, key, value, scale=self.softmax_scale, causal=self.causal, cu_seqlens=cu_seqlens,
                 lengths=(max_seqlen, max_seqlen))
             path, reason, policy = choice.path, choice.reason, choice.policy

@@ -17,9 +17,9 @@ processor when the layer's ``attn_type`` is not one of its own ``AttnType`` memb
 softcap, alibi_slopes, return_softmax) -> (out, lse)`` with q ``[B, Sq, H, D]`` and lse float32
 ``[B, H, Sq]`` (flash-attn's layout, what yunchang merges). It sends each call that openvc's fast path
 takes (:func:`open_vc_attn.integrations.policy.choose_path`) to ``open_vc_attn.attention(...,
-return_lse=True)`` and every other call (short, causal cross-attention, other head dims, windows, softcap, ALiBi) to a fallback
-that also returns a correct LSE: by default exact FP32 attention in torch (:mod:`._exact`), or a yunchang
-forward function of your choice (``fallback=AttnType.FA``).
+return_lse=True)`` and every other call (short, causal cross-attention, other head dims, windows, softcap,
+ALiBi) to a fallback that also returns a correct LSE: by default exact FP32 attention in torch
+(:mod:`._exact`), or a yunchang forward function of your choice (``fallback=AttnType.FA``).
 
 Only the ``"basic"`` ring implementation passes the processor on (yunchang 0.6.4's zigzag and stripe rings
 and its ``UlyssesAttention`` select their own kernels); :func:`check_hook` verifies the selection on the

@@ -226,7 +226,8 @@ def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mi
     if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2"):
         why = ("the sm_90a fast path cannot take this call (path='general', or past its range)" if where == "general"
                else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128 else "p_format 'exp2'")
-        raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, ExpCast P "
+        raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, "
+                         f"ExpCast P "
                          f"and no causal mask; not with {why}")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes, where, v_blocks
