@@ -1,8 +1,9 @@
 // Kernel-level timing of the C++ API (no Python): prepare_fp8 and attention_fp8 on random normal BF16
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
-// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks] [variants|prev|repair|int8|split|prep|onecall]
-//        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys]
+// Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks]
+//        [variants|prev|repair|int8|split|prep|onecall|packed]
+//        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys] ("packed causal": causal)
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
 // OPENVC_BENCH_SK=N: N keys per sequence (N < S: text cross-attention, e.g. 512); the default path, the
@@ -133,6 +134,40 @@ int main(int argc, char** argv) {
   CHECK_OK(openvc::attention_fp8(ap, s));
   CHECK_CUDA(cudaStreamSynchronize(s));
   const int reps = std::max(1, int(2e13 / (4.0 * S * Sk * H * D * B)));  // ~20 ms of work per replay
+  if (argc > 6 && std::string(argv[6]) == "packed") {
+    // The B sequences as packed ones in the batched layout (cu_seqlens {0, S, .., B S}: the same codes, descales
+    // and packed V as the batched preparation) against the batched call: what the varlen mode costs on equal
+    // work. One eager launch of each first (launches 1 and 2 of the attention kernel, for a profiler), then
+    // interleaved rounds with the order alternating, paired ratios. Nothing else is timed.
+    if (argc > 7 && std::string(argv[7]) == "causal") ap.causal = true;   // "packed causal": both causal
+    openvc::AttentionParams apv = ap;
+    std::vector<int> host(B + 1);
+    for (int b = 0; b <= B; ++b) host[b] = b * S;
+    int* cu;
+    CHECK_CUDA(cudaMalloc(&cu, host.size() * 4));
+    CHECK_CUDA(cudaMemcpy(cu, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    apv.cu_seqlens_q = apv.cu_seqlens_k = cu, apv.max_seqlen_q = apv.max_seqlen_k = S, apv.num_seqs = B;
+    apv.total_q = apv.total_k = int64_t(B) * S;
+    CHECK_OK(openvc::attention_fp8(ap, s));
+    CHECK_OK(openvc::attention_fp8(apv, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    const double flop = 4.0 * B * H * double(S) * Sk * D / (ap.causal ? 2 : 1);
+    std::vector<float> tb, tv, ratio;
+    for (int r = 0; r < rounds; ++r) {
+      float t[2];
+      for (int k = 0; k < 2; ++k) {
+        const int e = (k + r) % 2;
+        t[e] = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(e == 0 ? ap : apv, s)); }, s, 1, reps);
+      }
+      tb.push_back(t[0]), tv.push_back(t[1]), ratio.push_back(t[1] / t[0]);
+    }
+    std::sort(tb.begin(), tb.end()), std::sort(tv.begin(), tv.end()), std::sort(ratio.begin(), ratio.end());
+    std::printf("packed%s S=%d H=%d B=%d: batched kernel %.1f TFLOP/s, packed (varlen mode) %.1f TFLOP/s (medians); "
+                "packed / batched time %.4f (paired median of %d)\n", ap.causal ? " causal" : "", S, H, B,
+                flop / tb[rounds / 2] * 1e-9, flop / tv[rounds / 2] * 1e-9, ratio[rounds / 2], rounds);
+    CHECK_CUDA(cudaFree(cu));
+    return 0;
+  }
   const float t_prep = graph_median_ms([&] { CHECK_OK(openvc::prepare_fp8(pp, s)); }, s, rounds, reps);
   const float t_attn = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(ap, s)); }, s, rounds, reps);
   // The kernel with Q quantized in it (the one-call path's kernel: BF16 Q, no prepared Q codes).

@@ -484,8 +484,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
                      compact ? sh.seq_tile0 : nullptr};
 
   if (warpgroup == 0) {
-    // 24 registers also for the varlen producer, whose tile decode spills there (outside the consumers'
-    // loop): setmaxnreg.inc of the consumers waits until the registers given back cover it (config.h).
+    // 24 registers also for the varlen producer (its tile work made uniform, pipeline.cuh, it no longer spills):
+    // setmaxnreg.inc of the consumers waits until the registers given back cover it (config.h).
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {

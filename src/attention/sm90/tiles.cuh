@@ -195,30 +195,31 @@ __device__ __forceinline__ int consumer_block(const int* blocks, int pos, int nk
   else return pos;
 }
 
-// The consumers' copy of a tile's work with every field made visibly warp-uniform. The varlen fields come
-// from loads (offsets, key counts), which ptxas cannot prove equal across the warp: loop bounds derived
-// from them made it treat the whole consumer loop as divergent (R2UR moves, WARPSYNC). redux.sync writes
-// a uniform register, so its result is known uniform. Consumer warps only (the producer is one thread).
+// A tile's work with every field made visibly warp-uniform: the consumers' copy, and the varlen producer's. The
+// varlen fields come from loads (offsets, key counts), which ptxas cannot prove equal across the warp: loop bounds
+// derived from them made it treat the whole consumer loop as divergent (R2UR moves, WARPSYNC), and the producer
+// moved its TMA coordinates into uniform registers (R2UR) at every key block and spilled. redux.sync writes a
+// uniform register, so its result is known uniform. `lanes`: the calling lanes, every lane of a consumer warp, or
+// lane 0 alone for the producer thread.
 template <int kMode>
-__device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
+__device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelParams& p, const TileSpace& ts,
+                                                      unsigned lanes = 0xffffffffu) {
   TileWork w = tile_work<kMode>(tile, p, ts);
   if constexpr (has_mode<kMode>(kVarlenMode)) {
-    constexpr unsigned kAll = 0xffffffffu;
-    w.c.b = __reduce_max_sync(kAll, w.c.b);
-    w.c.h = __reduce_max_sync(kAll, w.c.h);
-    w.c.qt = __reduce_max_sync(kAll, w.c.qt);
-    w.q_row = __reduce_max_sync(kAll, w.q_row);
-    w.k_row0 = __reduce_max_sync(kAll, w.k_row0);
-    w.sq = __reduce_max_sync(kAll, w.sq);
-    w.sk = __reduce_max_sync(kAll, w.sk);
-    w.q_out0 = __reduce_max_sync(kAll, w.q_out0);
-    w.n = __reduce_max_sync(kAll, w.n);
-    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
+    w.c.b = __reduce_max_sync(lanes, w.c.b);
+    w.c.h = __reduce_max_sync(lanes, w.c.h);
+    w.c.qt = __reduce_max_sync(lanes, w.c.qt);
+    w.q_row = __reduce_max_sync(lanes, w.q_row);
+    w.k_row0 = __reduce_max_sync(lanes, w.k_row0);
+    w.sq = __reduce_max_sync(lanes, w.sq);
+    w.sk = __reduce_max_sync(lanes, w.sk);
+    w.q_out0 = __reduce_max_sync(lanes, w.q_out0);
+    w.n = __reduce_max_sync(lanes, w.n);
+    w.order.j0 = __reduce_max_sync(lanes, w.order.j0);
   }
   if constexpr (has_mode<kMode>(kBlockListMode)) {   // loaded counts and first blocks
-    constexpr unsigned kAll = 0xffffffffu;
-    w.n = __reduce_max_sync(kAll, w.n);
-    w.order.j0 = __reduce_max_sync(kAll, w.order.j0);
+    w.n = __reduce_max_sync(lanes, w.n);
+    w.order.j0 = __reduce_max_sync(lanes, w.order.j0);
   }
   return w;
 }
