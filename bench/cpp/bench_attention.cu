@@ -7,7 +7,7 @@
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
 // OPENVC_BENCH_SK=N: N keys per sequence (N < S: text cross-attention, e.g. 512); the default path, the
-// variants and onecall take it (the int8, repair and prev paths assume Sk = S).
+// variants and onecall take it; the other sections refuse it (they assume Sk = S).
 // With OPENVC_BENCH_VARIANTS defined and a 6th argument "variants", it also times the kernel variants
 // with one stage removed or doubled (src/attention/sm90/probes.h: Probe), interleaved.
 #include <cuda_bf16.h>
@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
   if (argc > 6 && std::string(argv[6]) == "packed") {
     // The B sequences as packed ones in the batched layout (cu_seqlens {0, S, .., B S}: the same codes, descales
     // and packed V as the batched preparation) against the batched call: what the varlen mode costs on equal
-    // work. One eager launch of each first (launches 1 and 2 of the attention kernel, for a profiler), then
+    // work. One eager launch of each first (the attention kernel's launches 1 and 2 counting from 0, after the
+    // warm-up above: `ncu --launch-skip 1` / `2`), then
     // interleaved rounds with the order alternating, paired ratios. Nothing else is timed.
     if (argc > 7 && std::string(argv[7]) == "causal") ap.causal = true;   // "packed causal": both causal
     openvc::AttentionParams apv = ap;

@@ -1,4 +1,4 @@
-// Helpers of openvc_bench_attention (bench_attention.cu): error checks, input fill, the SM copy ceiling, the
+// Helpers of openvc_bench_attention (bench_attention.cu, its one translation unit): error checks, input fill, the SM copy ceiling, the
 // sampled error against exact FP64 attention, INT8 code buffers, and CUDA-graph timing.
 #pragma once
 #include <cuda_bf16.h>
@@ -30,7 +30,7 @@
     }                                                                                  \
   } while (0)
 
-__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
+static __global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     // Sum of four uniform hashes: close enough to normal for timing, never zero-filled.
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;
@@ -45,7 +45,7 @@ __global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
 
 // SM copy (16-byte loads and stores): the device's copy ceiling. cudaMemcpyAsync between device
 // buffers runs on the copy engines here and measured about 2.6 TB/s, well under what SMs move.
-__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
+static __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
 }
@@ -53,7 +53,7 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
 // rel L2 of out against exact FP64 attention (1/sqrt(D) scale) on `rows` sampled query rows of every head, batch 0,
 // S = Sq = Sk ([S, H, D] BF16 host copies): the error of a P format on these N(0,1) inputs without a CPU pass
 // over all rows.
-double sampled_rel_l2(const std::vector<__nv_bfloat16>& q, const std::vector<__nv_bfloat16>& k,
+inline double sampled_rel_l2(const std::vector<__nv_bfloat16>& q, const std::vector<__nv_bfloat16>& k,
                       const std::vector<__nv_bfloat16>& v, const std::vector<__nv_bfloat16>& out, int S, int H, int D,
                       int rows) {
   double num = 0, den = 0;
@@ -141,6 +141,8 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
     t.push_back(ms / reps);
   }
   std::sort(t.begin(), t.end());
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
   CHECK_CUDA(cudaGraphExecDestroy(ge));
   CHECK_CUDA(cudaGraphDestroy(g));
   return t[t.size() / 2];

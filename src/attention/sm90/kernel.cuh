@@ -487,6 +487,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     // 24 registers also for the varlen producer (its tile work made uniform, pipeline.cuh, it no longer spills):
     // setmaxnreg.inc of the consumers waits until the registers given back cover it (config.h).
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    // Lane 0 of warp 0 alone: producer_loop relies on it (its varlen tile work is made uniform over lane 0 only).
     if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();

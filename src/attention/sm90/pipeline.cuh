@@ -84,10 +84,9 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
   RingState<C::kStages> ring;
   int iter = 0;  // Q tiles loaded (tiles without keys load none)
   for (int tile = blockIdx.x; tile < ts.count; tile = next_tile<kMode>(tile, p)) {
-    // Varlen: the tile's sequence ranges come from global loads; made uniform (lane 0 alone runs this), the TMA
-    // coordinates stay in uniform registers (before: R2UR moves at every key block and 96-124 bytes of spills).
-    const TileWork w = has_mode<kMode>(kVarlenMode) ? uniform_tile_work<kMode>(tile, p, ts, 1u)
-                                                    : tile_work<kMode>(tile, p, ts);
+    // Varlen: the tile's sequence ranges come from global loads; made visibly uniform (this thread is lane 0
+    // alone), the TMA coordinates derived from them stay in uniform registers instead of moving there per block.
+    const TileWork w = kVarlen ? uniform_tile_work<kMode>(tile, p, ts, 1u) : tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);
