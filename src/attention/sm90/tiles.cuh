@@ -69,8 +69,8 @@ __device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p
   TileCoord c;
   int bh;
   if (has_mode<kMode>(kVarlenMode) && p.compact_tiles) {   // a kernel parameter: a uniform branch
-    // Compact packed sequences: sequence s holds tiles [H P_s, H P_{s+1}), (h, qt) in order; the last
-    // s with H P_s <= tile has a tile there (tile < H P_N).
+    // Compact packed sequences: sequence s holds tiles [H P_s, H P_{s+1}), (h, qt) in order (causal: (qt, h),
+    // below); the last s with H P_s <= tile has a tile there (tile < H P_N).
     // A fixed number of halving steps with predicated selects: a loop whose trip count depends on the
     // data would make the consumer loop divergent.
     int lo = 0;
@@ -81,9 +81,17 @@ __device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p
     }
     const int first = ts.seq_tile0[lo], nq = ts.seq_tile0[lo + 1] - first, local = tile - p.heads * first;
     c.b = lo;
-    c.h = local / nq;
-    c.qt = local - c.h * nq;
-    if constexpr (has_mode<kMode>(kCausalMode)) c.qt = nq - 1 - c.qt;
+    if constexpr (has_mode<kMode>(kCausalMode)) {
+      // Causal: query-tile-major within the sequence, heaviest first (every head's last query tile, then the
+      // ones before): dealt round-robin, the CTAs' loads then stay even (per (h, qt), the busiest CTA carried
+      // 1.20x the mean at 2 x 16,384 tokens, H = 24; docs/performance.md, twentieth session).
+      const int level = local / p.heads;
+      c.h = local - level * p.heads;
+      c.qt = nq - 1 - level;
+    } else {
+      c.h = local / nq;
+      c.qt = local - c.h * nq;
+    }
     return c;
   }
   if (has_mode<kMode>(kCausalMode) && p.causal_snake) {
