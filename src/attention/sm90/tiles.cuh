@@ -65,7 +65,8 @@ template <int kMode>
 __device__ __forceinline__ TileCoord decode_tile(int tile, const KernelParams& p, const TileSpace& ts) {
   // Consecutive tiles share (b, h), so the CTAs running at once read the same K/V from L2. Causal:
   // the heaviest query tiles (most visible keys) of a (b, h) come first, so the last wave is light;
-  // with causal_snake, query-tile-major over every (b, h), heaviest first (next_tile deals them).
+  // with causal_snake, query-tile-major over every (b, h), heaviest first (next_tile deals them); packed
+  // causal, query-tile-major within each sequence (below): balance over L2 sharing, as causal_snake.
   TileCoord c;
   int bh;
   if (has_mode<kMode>(kVarlenMode) && p.compact_tiles) {   // a kernel parameter: a uniform branch
