@@ -144,29 +144,16 @@ int main(int argc, char** argv) {
     openvc::AttentionParams apv = ap;
     std::vector<int> host(B + 1);
     for (int b = 0; b <= B; ++b) host[b] = b * S;
-    int* cu;
-    CHECK_CUDA(cudaMalloc(&cu, host.size() * 4));
-    CHECK_CUDA(cudaMemcpy(cu, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-    apv.cu_seqlens_q = apv.cu_seqlens_k = cu, apv.max_seqlen_q = apv.max_seqlen_k = S, apv.num_seqs = B;
-    apv.total_q = apv.total_k = int64_t(B) * S;
+    as_packed_sequences(apv, device_ints(host), B, S);
     CHECK_OK(openvc::attention_fp8(ap, s));
     CHECK_OK(openvc::attention_fp8(apv, s));
     CHECK_CUDA(cudaStreamSynchronize(s));
     const double flop = 4.0 * B * H * double(S) * Sk * D / (ap.causal ? 2 : 1);
-    std::vector<float> tb, tv, ratio;
-    for (int r = 0; r < rounds; ++r) {
-      float t[2];
-      for (int k = 0; k < 2; ++k) {
-        const int e = (k + r) % 2;
-        t[e] = graph_median_ms([&] { CHECK_OK(openvc::attention_fp8(e == 0 ? ap : apv, s)); }, s, 1, reps);
-      }
-      tb.push_back(t[0]), tv.push_back(t[1]), ratio.push_back(t[1] / t[0]);
-    }
-    std::sort(tb.begin(), tb.end()), std::sort(tv.begin(), tv.end()), std::sort(ratio.begin(), ratio.end());
+    const PairedTimes t = paired_rounds([&] { CHECK_OK(openvc::attention_fp8(ap, s)); },
+                                        [&] { CHECK_OK(openvc::attention_fp8(apv, s)); }, s, rounds, reps);
     std::printf("packed%s S=%d H=%d B=%d: batched kernel %.1f TFLOP/s, packed (varlen mode) %.1f TFLOP/s (medians); "
                 "packed / batched time %.4f (paired median of %d)\n", ap.causal ? " causal" : "", S, H, B,
-                flop / tb[rounds / 2] * 1e-9, flop / tv[rounds / 2] * 1e-9, ratio[rounds / 2], rounds);
-    CHECK_CUDA(cudaFree(cu));
+                flop / t.median_a * 1e-9, flop / t.median_b * 1e-9, t.median_ratio, rounds);
     return 0;
   }
   const float t_prep = graph_median_ms([&] { CHECK_OK(openvc::prepare_fp8(pp, s)); }, s, rounds, reps);
@@ -413,25 +400,17 @@ int main(int argc, char** argv) {
     const size_t wcb = openvc::attention_workspace_bytes(c);
     void* wc;
     CHECK_CUDA(cudaMalloc(&wc, wcb));
-    std::vector<float> one, step, ratio;
-    for (int r = 0; r < rounds; ++r) {
-      float t[2];
-      for (int k = 0; k < 2; ++k) {
-        const int e = (k + r) % 2;
-        t[e] = e == 0 ? graph_median_ms([&] { CHECK_OK(openvc::attention(c, wc, wcb, s)); }, s, 1, reps)
-                      : graph_median_ms([&] {
-                          CHECK_OK(openvc::prepare_fp8(pp, s));
-                          CHECK_OK(openvc::attention_fp8(ap, s));
-                        }, s, 1, reps);
-      }
-      one.push_back(t[0]), step.push_back(t[1]), ratio.push_back(t[1] / t[0]);
+    const PairedTimes t = paired_rounds([&] { CHECK_OK(openvc::attention(c, wc, wcb, s)); },
+                                        [&] {
+                                          CHECK_OK(openvc::prepare_fp8(pp, s));
+                                          CHECK_OK(openvc::attention_fp8(ap, s));
+                                        }, s, rounds, reps);
+    for (int r = 0; r < rounds; ++r)
       std::printf("  onecall round %d: one-call %.3f ms %.1f TFLOP/s, step-wise %.3f ms %.1f TFLOP/s (%.4f)\n", r,
-                  t[0], flop / t[0] * 1e-9, t[1], flop / t[1] * 1e-9, t[1] / t[0]);
-    }
-    std::sort(one.begin(), one.end()), std::sort(step.begin(), step.end()), std::sort(ratio.begin(), ratio.end());
+                  t.a[r], flop / t.a[r] * 1e-9, t.b[r], flop / t.b[r] * 1e-9, t.b[r] / t.a[r]);
     std::printf("onecall S=%d Sk=%d H=%d B=%d: one-call %.1f TFLOP/s, step-wise %.1f TFLOP/s (medians); step-wise / "
-                "one-call time %.4f (paired median of %d)\n", S, Sk, H, B, flop / one[rounds / 2] * 1e-9,
-                flop / step[rounds / 2] * 1e-9, ratio[rounds / 2], rounds);
+                "one-call time %.4f (paired median of %d)\n", S, Sk, H, B, flop / t.median_a * 1e-9,
+                flop / t.median_b * 1e-9, t.median_ratio, rounds);
     CHECK_CUDA(cudaFree(wc));
   }
   if (argc > 6 && std::string(argv[6]) == "prep") {
@@ -498,16 +477,12 @@ int main(int argc, char** argv) {
     if (sel == "varlen" || sel == "varlen-causal" || sel == "keys") {
       std::vector<int> host(B + 1);
       for (int b = 0; b <= B; ++b) host[b] = sel == "keys" ? std::max(0, S - 64 * (b + 1)) : b * S;
-      int* dev;   // freed at exit with the tool's other buffers
-      CHECK_CUDA(cudaMalloc(&dev, host.size() * 4));
-      CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+      const int* dev = device_ints(host);
       if (sel == "keys") {
         pp.seqused_k = dev, ap.seqused_k = dev;
       } else {
-        pp.cu_seqlens_q = pp.cu_seqlens_k = dev, ap.cu_seqlens_q = ap.cu_seqlens_k = dev;
-        pp.max_seqlen_q = pp.max_seqlen_k = S, ap.max_seqlen_q = ap.max_seqlen_k = S;
-        pp.num_seqs = ap.num_seqs = B;
-        pp.total_q = pp.total_k = ap.total_q = ap.total_k = int64_t(B) * S;
+        as_packed_sequences(pp, dev, B, S);
+        as_packed_sequences(ap, dev, B, S);
       }
       CHECK_OK(openvc::prepare_fp8(pp, s));
     }

@@ -147,3 +147,46 @@ float graph_median_ms(F&& enqueue, cudaStream_t s, int rounds, int reps) {
   CHECK_CUDA(cudaGraphDestroy(g));
   return t[t.size() / 2];
 }
+
+// Two entries timed in interleaved rounds, the order alternating (graph_median_ms of one replay each): the per-round
+// times, their medians and the median of the paired ratios b / a. The spread between calls under the power cap is far
+// larger than within a round.
+struct PairedTimes {
+  std::vector<float> a, b;
+  float median_a, median_b, median_ratio;
+};
+template <class FA, class FB>
+PairedTimes paired_rounds(FA&& fa, FB&& fb, cudaStream_t s, int rounds, int reps) {
+  PairedTimes p;
+  std::vector<float> ratio;
+  for (int r = 0; r < rounds; ++r) {
+    float t[2];
+    for (int k = 0; k < 2; ++k) {
+      const int e = (k + r) % 2;
+      t[e] = e == 0 ? graph_median_ms(fa, s, 1, reps) : graph_median_ms(fb, s, 1, reps);
+    }
+    p.a.push_back(t[0]), p.b.push_back(t[1]), ratio.push_back(t[1] / t[0]);
+  }
+  auto median = [](std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  p.median_a = median(p.a), p.median_b = median(p.b), p.median_ratio = median(ratio);
+  return p;
+}
+
+// A device copy of `host` (freed at exit with the tool's other buffers).
+inline int* device_ints(const std::vector<int>& host) {
+  int* dev;
+  CHECK_CUDA(cudaMalloc(&dev, host.size() * 4));
+  CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  return dev;
+}
+
+// The B batch entries of S tokens as packed sequences in the batched layout (offsets cu = {0, S, .., B S}: the same
+// rows, codes and descales), for PrepareParams or AttentionParams.
+template <class Params>
+void as_packed_sequences(Params& p, const int* cu, int B, int S) {
+  p.cu_seqlens_q = p.cu_seqlens_k = cu, p.max_seqlen_q = p.max_seqlen_k = S, p.num_seqs = B;
+  p.total_q = p.total_k = int64_t(B) * S;
+}
