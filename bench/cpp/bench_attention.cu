@@ -3,7 +3,8 @@
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
 // Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks]
 //        [variants|prev|repair|int8|split|prep|onecall|packed]
-//        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys] ("packed causal": causal)
+//        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys] ("packed causal": causal;
+//        "onecall packed": the one call and the step-wise call on the B sequences packed)
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
 // today's and the earlier kernel; with OPENVC_BENCH_HEAD_DIM=64, the head-dim-64 ones)
 // OPENVC_BENCH_SK=N: N keys per sequence (N < S: text cross-attention, e.g. 512); the default path, the
@@ -391,26 +392,37 @@ int main(int argc, char** argv) {
   if (argc > 6 && std::string(argv[6]) == "onecall") {
     // The one-call entry openvc::attention (batched E4M3: K and V prepared, Q quantized in the kernel) against
     // the step-wise call (prepare_fp8 of Q, K and V, then the kernel on prepared Q), interleaved rounds with
-    // the order alternating, paired ratios: which way the complete call should go at this shape.
+    // the order alternating, paired ratios: which way the complete call should go at this shape. "onecall
+    // packed": both on the B sequences as packed ones (cu_seqlens {0, S, .., B S}).
+    const bool as_packed = argc > 7 && std::string(argv[7]) == "packed";
+    if (as_packed && Sk != S) std::exit((std::fprintf(stderr, "onecall packed: Sk must equal S\n"), 2));
     openvc::AttentionCall c;
     c.heads = H, c.head_dim = D, c.batch = B, c.seqlen_q = S, c.seqlen_k = Sk;
     c.q = pp.q, c.k = pp.k, c.v = pp.v, c.mid_window_blocks = window;
     c.out = out, c.out_stride_batch = ap.out_stride_batch, c.out_stride_seq = ap.out_stride_seq;
     c.out_stride_head = ap.out_stride_head;
+    openvc::PrepareParams ps = pp;
+    openvc::AttentionParams as = ap;
+    if (as_packed) {
+      std::vector<int> host(B + 1);
+      for (int b = 0; b <= B; ++b) host[b] = b * S;
+      const int* cu = device_ints(host);
+      as_packed_sequences(c, cu, B, S), as_packed_sequences(ps, cu, B, S), as_packed_sequences(as, cu, B, S);
+    }
     const size_t wcb = openvc::attention_workspace_bytes(c);
     void* wc;
     CHECK_CUDA(cudaMalloc(&wc, wcb));
     const PairedTimes t = paired_rounds([&] { CHECK_OK(openvc::attention(c, wc, wcb, s)); },
                                         [&] {
-                                          CHECK_OK(openvc::prepare_fp8(pp, s));
-                                          CHECK_OK(openvc::attention_fp8(ap, s));
+                                          CHECK_OK(openvc::prepare_fp8(ps, s));
+                                          CHECK_OK(openvc::attention_fp8(as, s));
                                         }, s, rounds, reps);
     for (int r = 0; r < rounds; ++r)
       std::printf("  onecall round %d: one-call %.3f ms %.1f TFLOP/s, step-wise %.3f ms %.1f TFLOP/s (%.4f)\n", r,
                   t.a[r], flop / t.a[r] * 1e-9, t.b[r], flop / t.b[r] * 1e-9, t.b[r] / t.a[r]);
-    std::printf("onecall S=%d Sk=%d H=%d B=%d: one-call %.1f TFLOP/s, step-wise %.1f TFLOP/s (medians); step-wise / "
-                "one-call time %.4f (paired median of %d)\n", S, Sk, H, B, flop / t.median_a * 1e-9,
-                flop / t.median_b * 1e-9, t.median_ratio, rounds);
+    std::printf("onecall%s S=%d Sk=%d H=%d B=%d: one-call %.1f TFLOP/s, step-wise %.1f TFLOP/s (medians); step-wise / "
+                "one-call time %.4f (paired median of %d)\n", as_packed ? " packed" : "", S, Sk, H, B,
+                flop / t.median_a * 1e-9, flop / t.median_b * 1e-9, t.median_ratio, rounds);
     CHECK_CUDA(cudaFree(wc));
   }
   if (argc > 6 && std::string(argv[6]) == "prep") {

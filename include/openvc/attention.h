@@ -241,10 +241,11 @@ struct AttentionParams {
   bool v_descale_per_block = false;
   // Unquantized Q, quantized inside the kernel, one 128-row tile at a time (numerics section 1: a Q group is one
   // query tile, so codes and descale are those prepare_fp8 writes): when q_unquantized.data is set, in.q_codes
-  // and in.q_descale are not read (may be null). Batched E4M3 calls without repair rows, the VC mode, key block
-  // lists, chunked causal, seqused_k or cu_seqlens (Status::Unsupported naming q_unquantized); a [B, Sq, H, D]
-  // tensor of q_unquantized_dtype (BF16 or FP16), data 16-byte aligned, strides multiples of 8 elements. Last,
-  // as above.
+  // and in.q_descale are not read (may be null). E4M3 calls without repair rows, the VC mode, key block lists,
+  // chunked causal or V block descales (Status::Unsupported naming q_unquantized); a [B, Sq, H, D] tensor (packed:
+  // [total_q, H, D], stride_batch unread; with seqused_k over a batch: stride_batch = seqlen_q * stride_seq, else
+  // Status::Unsupported) of q_unquantized_dtype (BF16 or FP16), data 16-byte aligned, strides multiples of 8
+  // elements. Last, as above.
   TokenTensorView q_unquantized;
   DType q_unquantized_dtype = DType::kBFloat16;
 };

@@ -2,6 +2,7 @@
 // the workspace holds the prepared arrays, preparation's scratch and the smoothing LSE term, carved in one
 // fixed order that attention_workspace_bytes sizes; then prepare_fp8 and the chosen attention entry run on
 // the caller's stream, and with k_smoothing and an LSE one small kernel adds softmax_scale * q . mean(K).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -115,7 +116,13 @@ T* at(void* base, size_t offset) {
 // goes through the preparation, which checks it and names it in its errors (a null or misaligned q, rows that
 // overlap such as a broadcast head).
 bool tma_readable_q(const AttentionCall& c) {
-  return c.q.data != nullptr && q16_layout(c.q, c.batch, c.seqlen_q, c.heads, c.head_dim) == Q16Layout::kOk;
+  if (c.q.data == nullptr) return false;
+  if (packed(c))   // [total_q, H, D]: stride_batch is not read
+    return q16_layout({c.q.data, 0, c.q.stride_seq, c.q.stride_head}, 1, int(std::min<int64_t>(c.total_q, 2)),
+                      c.heads, c.head_dim) == Q16Layout::kOk;
+  // Key counts run the varlen tiles, which read the batch's Q rows as one sequence.
+  if (c.seqused_k != nullptr && !q16_rows_flat(c.q, c.batch, c.seqlen_q)) return false;
+  return q16_layout(c.q, c.batch, c.seqlen_q, c.heads, c.head_dim) == Q16Layout::kOk;
 }
 
 }  // namespace
@@ -168,11 +175,10 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.k_smoothing = c.k_smoothing;
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
-  // Batched E4M3 calls, plain or causal: the kernel quantizes Q per tile (kFusedQMode), so the preparation
-  // writes K and V only (the same codes and descales, one pass over Q fewer).
-  const bool fused_q = path == AttentionPath::kFast && !packed(c) && c.qk_format == QkFormat::kE4M3 &&
-                       !c.k_smoothing && c.seqused_k == nullptr && c.causal_chunk <= 1 && !has_block_list(c.blocks) &&
-                       tma_readable_q(c);
+  // E4M3 calls, plain or causal, batched or packed: the kernel quantizes Q per tile (kFusedQMode), so the
+  // preparation writes K and V only (the same codes and descales, one pass over Q fewer).
+  const bool fused_q = path == AttentionPath::kFast && c.qk_format == QkFormat::kE4M3 && !c.k_smoothing &&
+                       c.causal_chunk <= 1 && !has_block_list(c.blocks) && tma_readable_q(c);
   if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
 
@@ -190,7 +196,12 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     a.max_seqlen_q = p.max_seqlen_q, a.max_seqlen_k = p.max_seqlen_k, a.total_q = p.total_q, a.total_k = p.total_k;
     a.seqused_k = c.seqused_k, a.p_format = c.p_format, a.blocks = c.blocks, a.causal_chunk = c.causal_chunk;
     if (fused_q) a.q_unquantized = c.q, a.q_unquantized_dtype = c.dtype;
-    OPENVC_RETURN_IF_ERROR(attention_fp8(a, stream));
+    sm90::LaunchPlan plan;
+    OPENVC_RETURN_IF_ERROR(sm90::plan_attention(a, nullptr, &plan));
+    // The preparation launched just before (its first kernel normally, after whatever wrote Q): the kernel may
+    // quantize its first Q tile before it waits for the preparation's last grid.
+    plan.kp.q_before_prior_grid = fused_q;
+    OPENVC_RETURN_IF_ERROR(sm90::launch_plan(plan, stream));
   } else {
     GeneralAttentionParams g;
     g.in = in, g.causal = c.causal;

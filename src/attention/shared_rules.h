@@ -25,6 +25,12 @@ inline Q16Layout q16_layout(const TokenTensorView& q, int batch, int seqlen_q, i
   return Q16Layout::kOk;
 }
 
+// Whether Q's rows of all batch entries follow each other at stride_seq (row b * seqlen_q + i of one
+// [B * Sq, H, D] tensor), as the varlen tiles of a batched call with key counts index them.
+inline bool q16_rows_flat(const TokenTensorView& q, int batch, int seqlen_q) {
+  return batch == 1 || (seqlen_q > 1 && q.stride_batch == int64_t(seqlen_q) * q.stride_seq);
+}
+
 // The lists' own fields against the call's batched inputs (attention.h, KeyBlockList). Counts and indices are
 // device data, clamped by the kernels.
 inline Status check_key_block_list(const KeyBlockList& b, const Fp8Inputs& in) {

@@ -5,7 +5,8 @@
 // TMA writes for prepared Q, so the QK^T path reads them unchanged. A Q group of section 1 is one 128-row query
 // tile, and the arithmetic is the preparation's own (prepare/tile.cuh: scale_inv_of, descale_of, encode_chunk),
 // so codes and descale are prepare_fp8's bit for bit. Rows past Sq arrive as zeros (the TMA's out-of-bounds
-// fill) and change neither the amax nor any code the kernel keeps.
+// fill) and change neither the amax nor any code the kernel keeps. Packed sequences (kVarlenMode): the rows after
+// the sequence's end are the next sequence's (or rows no sequence covers), so they are zeroed before the amax.
 #pragma once
 #include <cstdint>
 
@@ -68,10 +69,12 @@ __device__ __forceinline__ void load_q_fragments(const uint8_t* q, int row, int 
 
 // ct: this consumer thread (0..255). Thread ct takes half (ct % 2) of row ct / 2: kD / 2 elements, read as
 // pairs of 16-byte chunks (16 elements, one 16-byte chunk of codes), the pair order rotated by ct so that a
-// quarter warp's reads spread over the banks. Returns the tile's descale; the codes are in q when it returns
-// (both consumer warpgroups past the second barrier, the async proxy fenced).
-template <int kD, typename T>
-__device__ __forceinline__ float quantize_q_tile(const uint8_t* stage, uint8_t* q, float* amax_slots, int ct) {
+// quarter warp's reads spread over the banks. kMaskRows: rows at or past `rows` (the tile's rows in its packed
+// sequence) count as zeros. Returns the tile's descale; the codes are in q when it returns (both consumer
+// warpgroups past the second barrier, the async proxy fenced).
+template <int kD, typename T, bool kMaskRows = false>
+__device__ __forceinline__ float quantize_q_tile(const uint8_t* stage, uint8_t* q, float* amax_slots, int ct,
+                                                 int rows = 0) {
   constexpr int kPairs = kD / 32;   // 16-element pairs of chunks in a half row
   const int r = ct >> 1, half = ct & 1;
   const uint4* src = reinterpret_cast<const uint4*>(stage + (r * kD + half * (kD / 2)) * 2);
@@ -81,6 +84,12 @@ __device__ __forceinline__ float quantize_q_tile(const uint8_t* stage, uint8_t* 
     const int j = (i + ct) % kPairs;
     v[i][0] = lds128(src + 2 * j);
     v[i][1] = lds128(src + 2 * j + 1);
+  }
+  if constexpr (kMaskRows) {
+    if (r >= rows) {
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) v[i][0] = v[i][1] = make_uint4(0, 0, 0, 0);
+    }
   }
   uint32_t m = 0;   // max |x| on the raw pairs, as the preparation's thread_amax (exact: max picks an input)
 #pragma unroll

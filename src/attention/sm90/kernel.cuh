@@ -263,9 +263,13 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     TxBarrier::wait(&sh.q_full, iter & 1);
     ++iter;
     if constexpr (kFusedQ) {
-      const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128)
-                                : quantize_q_tile<kD, prepare::Bf16>(sh.q_stage, sh.q, sh.q_amax, threadIdx.x - 128);
+      // Packed: the tile's rows in its sequence (TileWork::n >= 0, so at least one); the rest are another's.
+      constexpr bool kMaskRows = has_mode<kMode>(kVarlenMode);
+      const int rows = w.sq - c.qt * kBlockM, ct = threadIdx.x - 128;
+      const float dq = p.q_fp16 ? quantize_q_tile<kD, prepare::F16, kMaskRows>(sh.q_stage, sh.q, sh.q_amax, ct, rows)
+                                : quantize_q_tile<kD, prepare::Bf16, kMaskRows>(sh.q_stage, sh.q, sh.q_amax, ct, rows);
       release(&sh.q_empty);   // the rows are read: the producer may bring the next tile's
+      if (iter == 1 && p.q_before_prior_grid) wait_for_prior_grid();   // before the descales (the kernel's start)
       qscale = q_multiplier(p, dq);
     }
 
@@ -471,8 +475,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     reinterpret_cast<uint32_t*>(sh.v[stage] + C::kTileBytes)[word] = 0x38383838u;
   }
   // Launched programmatically (kernel_launch.cuh): above, shared memory only; from here on global memory, which
-  // the grid before this one (the preparation) may still be writing until it has finished.
-  wait_for_prior_grid();
+  // the grid before this one (the preparation) may still be writing until it has finished. Q written before that
+  // grid started (KernelParams::q_before_prior_grid): the producer and the consumers wait after the first Q tile.
+  if (!has_mode<kMode>(kFusedQMode) || !p.q_before_prior_grid) wait_for_prior_grid();
   const bool compact = has_mode<kMode>(kVarlenMode) && p.compact_tiles;
   // Every warp runs the scan (a branch on the warp index around its shuffles made ptxas treat the whole
   // kernel as divergent); warp 0 writes the table.

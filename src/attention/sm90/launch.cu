@@ -40,21 +40,25 @@ Status get_encode_fn(EncodeTiledFn* fn) {
   return Status::Ok();
 }
 
-// BF16 / FP16 Q tile map (kFusedQMode): [B, Sq, H, D] with the caller's strides, box D x 128 rows, no swizzle
-// (the consumers read the staging tile as dense rows); rows past Sq read as zeros.
+// BF16 / FP16 Q tile map (kFusedQMode), box D x 128 rows, no swizzle (the consumers read the staging tile as
+// dense rows); rows past the map read as zeros. Batched: [B, Sq, H, D] with the caller's strides. Varlen (packed
+// sequences, or key counts over a batch whose sequences follow each other in memory): the 3D map over [rows_q, H,
+// D] the kernel's varlen tiles index, whose rows past a tile's sequence the consumers zero (fused_q.cuh).
 Status make_q16_map(CUtensorMap* map, const TokenTensorView& q, DType dtype, int64_t d, int64_t sq, int64_t h,
-                    int64_t b) {
+                    int64_t b, bool varlen, int64_t rows_q) {
   EncodeTiledFn encode;
   OPENVC_RETURN_IF_ERROR(get_encode_fn(&encode));
-  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(b)};
   // A dimension of size 1 is only ever read at coordinate 0: its stride (0 from the Python views) becomes the
   // dense one, so the descriptor never sees a zero stride.
-  const cuuint64_t strides[3] = {cuuint64_t((sq > 1 ? q.stride_seq : h * d) * 2), cuuint64_t((h > 1 ? q.stride_head : d) * 2),
+  const int64_t rows = varlen ? rows_q : sq;
+  const cuuint64_t dims[4] = {cuuint64_t(d), cuuint64_t(rows > 0 ? rows : 1), cuuint64_t(h), cuuint64_t(b)};
+  const cuuint64_t strides[3] = {cuuint64_t((rows > 1 ? q.stride_seq : h * d) * 2),
+                                 cuuint64_t((h > 1 ? q.stride_head : d) * 2),
                                  cuuint64_t((b > 1 ? q.stride_batch : sq * h * d) * 2)};
   const cuuint32_t box[4] = {cuuint32_t(d), kBlockM, 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, dtype == DType::kFloat16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                            4, const_cast<void*>(q.data), dims, strides, box, elem_strides,
+                            varlen ? 3 : 4, const_cast<void*>(q.data), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -107,15 +111,25 @@ Status validate_block_list(const AttentionParams& p, bool vc) {
 // AttentionParams::q_unquantized: the calls the kernel quantizes Q for (kFusedQMode) and its tensor's layout.
 Status validate_unquantized_q(const AttentionParams& p, bool vc) {
   const TokenTensorView& q = p.q_unquantized;
-  if (shape_of(p).packed || p.seqused_k != nullptr || p.repair.rows > 0 || vc || has_block_list(p.blocks) ||
-      p.causal_chunk > 1 || p.v_descale_per_block || p.in.qk_format != QkFormat::kE4M3)
-    return Status::Unsupported("q_unquantized: the kernel quantizes Q for batched E4M3 calls (plain or causal) only; "
-                               "prepare Q with prepare_fp8 for cu_seqlens, seqused_k, repair rows, the VC mode, key "
-                               "block lists, chunked causal, V block descales or INT8");
+  if (p.repair.rows > 0 || vc || has_block_list(p.blocks) || p.causal_chunk > 1 || p.v_descale_per_block ||
+      p.in.qk_format != QkFormat::kE4M3)
+    return Status::Unsupported("q_unquantized: the kernel quantizes Q for E4M3 calls (plain or causal, batched or "
+                               "packed) only; prepare Q with prepare_fp8 for repair rows, the VC mode, key block "
+                               "lists, chunked causal, V block descales or INT8");
   if (p.q_unquantized_dtype != DType::kBFloat16 && p.q_unquantized_dtype != DType::kFloat16)
     return Status::Invalid("q_unquantized_dtype must be kBFloat16 or kFloat16");
   const Fp8Inputs& in = p.in;
-  const Q16Layout layout = q16_layout(q, in.batch, in.seqlen_q, in.heads, in.head_dim);
+  const Shape sh = shape_of(p);
+  // Key counts over a batch run the varlen tiles, which index Q's rows flat (b * Sq + row).
+  if (!sh.packed && p.seqused_k != nullptr && !q16_rows_flat(q, in.batch, in.seqlen_q))
+    return Status::Unsupported("q_unquantized.stride_batch: with seqused_k the kernel reads Q's rows as one "
+                               "sequence, so stride_batch must be seqlen_q * stride_seq (" +
+                               str(int64_t(in.seqlen_q) * q.stride_seq) + "), got " + str(q.stride_batch));
+  // Packed: a [total_q, H, D] tensor (stride_batch is not read).
+  const Q16Layout layout = sh.packed ? q16_layout({q.data, 0, q.stride_seq, q.stride_head}, 1,
+                                                  int(std::min<int64_t>(p.total_q, 2)),
+                                                  in.heads, in.head_dim)
+                                     : q16_layout(q, in.batch, in.seqlen_q, in.heads, in.head_dim);
   if (layout == Q16Layout::kMisaligned)
     return Status::Invalid("q_unquantized: data must be 16-byte aligned and its strides multiples of 8 elements "
                            "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
@@ -269,7 +283,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const Shape sh = shape_of(params);
   // V block descales are built into the varlen mode only (its 3D maps take batched calls too).
   const bool varlen = sh.packed || params.seqused_k != nullptr || params.v_descale_per_block;
-  const bool fused_q = params.q_unquantized.data != nullptr;   // validated: batched, not varlen
+  const bool fused_q = params.q_unquantized.data != nullptr;   // validated (validate_unquantized_q)
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
@@ -277,17 +291,20 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const int64_t rows_q = sh.packed ? params.total_q : seqs * sq, rows_k = sh.packed ? params.total_k : seqs * sk;
   LaunchPlan& pl = *plan;
   pl = LaunchPlan{};
+  if (fused_q)
+    OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, params.q_unquantized, params.q_unquantized_dtype, d, sq, h, seqs,
+                                        varlen, rows_q));
   if (varlen) {
-    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
-                                           {cuuint64_t(h * d), cuuint64_t(d)},
-                                           {cuuint32_t(d), kBlockM, 1}, "in.q_codes"));
+    if (!fused_q)
+      OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes,
+                                             {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
+                                             {cuuint64_t(h * d), cuuint64_t(d)}, {cuuint32_t(d), kBlockM, 1},
+                                             "in.q_codes"));
     OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
                                            {cuuint64_t(h * d), cuuint64_t(d)},
                                            {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));
   } else {
-    if (fused_q)
-      OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, params.q_unquantized, params.q_unquantized_dtype, d, sq, h, seqs));
-    else
+    if (!fused_q)
       OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
                                              {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
                                              {cuuint32_t(d), kBlockM, 1, 1}, "in.q_codes"));

@@ -60,8 +60,8 @@ enum Mode : int {
   kChunkedCausalMode = 512,
   // Q quantized inside the kernel (AttentionParams::q_unquantized; fused_q.cuh): the producer brings each
   // tile's 128 BF16 / FP16 query rows, the consumers quantize them (a Q group of numerics section 1 is one
-  // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. Batched E4M3 calls,
-  // plain or causal, head dim 128 or 64.
+  // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. E4M3 calls, plain or
+  // causal, head dim 128 or 64, batched or packed (with kVarlenMode: rows past the tile's sequence are left out).
   kFusedQMode = 1024,
   // Few key blocks (chosen on the host for batched E4M3 calls with at most kFewKeyBlocks key blocks per tile,
   // config.h; plain or with kFusedQMode, head dim 128): the consumers take turns issuing tensor-core work (named
@@ -125,6 +125,10 @@ inline constexpr int kProductionModes[] = {
     kFusedQMode | kHeadDim64Mode | kCausalMode,
     kFewKeysMode,
     kFewKeysMode | kFusedQMode,
+    kFusedQMode | kVarlenMode,
+    kFusedQMode | kVarlenMode | kCausalMode,
+    kFusedQMode | kVarlenMode | kHeadDim64Mode,
+    kFusedQMode | kVarlenMode | kHeadDim64Mode | kCausalMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 

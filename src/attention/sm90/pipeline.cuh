@@ -11,6 +11,7 @@
 #include "attention/sm90/kernel_params.h"
 #include "attention/sm90/mode.h"
 #include "attention/sm90/tiles.cuh"
+#include "common/pdl.cuh"
 
 namespace openvc::sm90 {
 
@@ -45,9 +46,9 @@ struct alignas(1024) SharedStorage {
   static_assert(!has_mode<kMode>(kChunkedCausalMode) || has_mode<kMode>(kCausalMode),
                 "chunked causal is a variant of the causal mode");
   static_assert(!has_mode<kMode>(kFusedQMode) ||
-                    !has_mode<kMode>(Mode(kVcMode | kRepairMode | kVarlenMode | kInt8QkMode | kExp2PMode |
-                                          kBlockListMode | kVBlockDescaleMode | kChunkedCausalMode)),
-                "Q is quantized in the kernel for batched E4M3 calls, plain or causal, only");
+                    !has_mode<kMode>(Mode(kVcMode | kRepairMode | kInt8QkMode | kExp2PMode | kBlockListMode |
+                                          kVBlockDescaleMode | kChunkedCausalMode)),
+                "Q is quantized in the kernel for E4M3 calls, plain or causal, batched or packed, only");
   static_assert(!has_mode<kMode>(kFewKeysMode) || (kMode & ~(kFewKeysMode | kFusedQMode)) == 0,
                 "the few-keys mode is built for batched E4M3 head dim 128 calls, plain or with Q quantized here");
   // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
@@ -93,7 +94,9 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
     ++iter;
     if constexpr (has_mode<kMode>(kFusedQMode)) {   // the unquantized rows, for the consumers to quantize
       TxBarrier::arrive_and_expect_tx(&sh.q_full, SharedStorage<kMode>::kQStageBytes);
-      cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h, c.b);
+      if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h);
+      else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q_stage, 0, w.q_row, c.h, c.b);
+      if (iter == 1 && p.q_before_prior_grid) wait_for_prior_grid();   // before K and V (the kernel's start)
     } else {
       TxBarrier::arrive_and_expect_tx(&sh.q_full, C::kQBytes);
       if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);

@@ -1,12 +1,14 @@
 // Q quantized inside the attention kernel (AttentionParams::q_unquantized, kFusedQMode): the same output and
 // LSE bits as prepare_fp8's Q codes and descales fed to attention_fp8, for BF16 and FP16 Q, head dim 128 and 64,
 // plain and causal, partial last query tiles, Sq != Sk, a Q tensor with padded rows, many tiles per CTA and the
-// zero strides of size-1 dimensions; and the argument rules.
+// zero strides of size-1 dimensions; packed sequences and key counts (the varlen tiles); and the argument rules.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,6 +120,166 @@ TEST(Sm90FusedQ, SameBitsAsPreparedQ) {
   }
 }
 
+// Packed sequences (and key counts over a batch): the varlen tiles with Q quantized in the kernel. A sequence's
+// last tile holds the rows after its end in its TMA box (the next sequence's, or rows no sequence covers); the
+// kernel counts them as zeros, so each sequence's rows must come out as the batched call (Q quantized in the
+// kernel too, Sq = the sequence's length, its rows past Sq the TMA's zeros) on that sequence alone gives them,
+// whatever those rows hold: sequences alternate between magnitudes 1 and 64 and the uncovered rows hold 4096, so a
+// row counted in the wrong tile's amax changes that tile's codes. (Not against the packed call on prepared Q: its
+// last tiles carry the next sequence's codes in those rows, which can trigger numerics section 4's warp-wide
+// rebase and move the valid rows' FP32 rounding.)
+struct PackedCase {
+  std::vector<int> cu_q, cu_k;   // offsets; total_q may exceed cu_q.back() (uncovered rows)
+  int total_q, h, d;
+  bool causal;
+  openvc::DType dtype;
+  std::vector<int> counts;       // seqused_k (empty: none)
+  int batch_sq = 0;              // > 0: a batch of cu_q.size() - 1 entries of this many rows, no offsets
+};
+
+// prepare_fp8 (K and V; Q omitted) and attention_fp8 with Q quantized in the kernel, for a batched (cu_q null) or
+// packed call; the token views are [rows, H, D] with row stride h * d.
+struct FusedCall {
+  int nseq, sq, sk, h, d, total_q, total_k;
+  const int *cu_q = nullptr, *cu_k = nullptr, *counts = nullptr;
+  const void *q, *k, *v;
+  bool causal;
+  openvc::DType dtype;
+  void* out;
+  float* lse;
+};
+void run_fused_call(const FusedCall& f) {
+  const bool packed = f.cu_q != nullptr;
+  const int64_t row = int64_t(f.h) * f.d, nk = openvc::num_quant_blocks(f.sk), gh = int64_t(f.nseq) * f.h;
+  DevBuf kc(size_t(f.total_k) * row + 16), ks(gh * nk * 4 + 4), vp(gh * f.d * openvc::packed_seqlen_k(f.sk) + 16);
+  DevBuf vs(gh * 4), ws(openvc::prepare_workspace_bytes(f.nseq, f.h, f.sk, false));
+  openvc::PrepareParams pp;
+  pp.dtype = f.dtype, pp.heads = f.h, pp.head_dim = f.d;
+  pp.k = {f.k, int64_t(f.sk) * row, row, f.d};
+  pp.v = {f.v, int64_t(f.sk) * row, row, f.d};
+  if (packed) {
+    pp.cu_seqlens_q = f.cu_q, pp.cu_seqlens_k = f.cu_k, pp.num_seqs = f.nseq;
+    pp.max_seqlen_q = f.sq, pp.max_seqlen_k = f.sk, pp.total_q = f.total_q, pp.total_k = f.total_k;
+  } else {
+    pp.batch = f.nseq, pp.seqlen_q = f.sq, pp.seqlen_k = f.sk;
+  }
+  pp.seqused_k = f.counts;
+  pp.k_codes = kc.as<uint8_t>(), pp.k_descale = ks.as<float>(), pp.v_packed = vp.as<uint8_t>();
+  pp.v_descale = vs.as<float>(), pp.workspace = ws.p, pp.workspace_bytes = ws.bytes;
+  const openvc::Status sp = openvc::prepare_fp8(pp, nullptr);
+  ASSERT_TRUE(sp.ok()) << sp.message();
+  openvc::AttentionParams ap;
+  ap.in = {packed ? 1 : f.nseq, f.sq, f.sk, f.h, f.d, nullptr, nullptr, kc.as<uint8_t>(), ks.as<float>(),
+           vp.as<uint8_t>(), vs.as<float>()};
+  ap.out_stride_batch = int64_t(f.sq) * row, ap.out_stride_seq = row, ap.out_stride_head = f.d;
+  ap.causal = f.causal;
+  ap.cu_seqlens_q = pp.cu_seqlens_q, ap.cu_seqlens_k = pp.cu_seqlens_k, ap.num_seqs = pp.num_seqs;
+  ap.max_seqlen_q = pp.max_seqlen_q, ap.max_seqlen_k = pp.max_seqlen_k, ap.total_q = pp.total_q;
+  ap.total_k = pp.total_k, ap.seqused_k = f.counts;
+  ap.q_unquantized = {f.q, int64_t(f.sq) * row, row, f.d}, ap.q_unquantized_dtype = f.dtype;
+  ap.out = f.out, ap.lse = f.lse;
+  const openvc::Status st = openvc::attention_fp8(ap, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+void run_fused_packed_case(const PackedCase& c) {
+  const int nseq = int(c.cu_q.size()) - 1;
+  const bool packed = c.batch_sq == 0;
+  int max_q = 0, max_k = 0;
+  for (int i = 0; i < nseq; ++i)
+    max_q = std::max(max_q, c.cu_q[i + 1] - c.cu_q[i]), max_k = std::max(max_k, c.cu_k[i + 1] - c.cu_k[i]);
+  const int total_k = c.cu_k.back();
+  const int64_t row = int64_t(c.h) * c.d;
+  std::vector<uint16_t> hq = random_16(size_t(c.total_q) * row, 21 + c.d, c.dtype);
+  // Scale each row's values by its sequence's magnitude (exact: powers of two).
+  for (int t = 0; t < c.total_q; ++t) {
+    int seq = nseq;
+    for (int i = 0; i < nseq; ++i)
+      if (t >= c.cu_q[i] && t < c.cu_q[i + 1]) seq = i;
+    const float m = seq == nseq ? 4096.0f : (seq % 2 ? 64.0f : 1.0f);
+    for (int64_t e = 0; e < row; ++e) {
+      uint16_t& x = hq[size_t(t) * row + e];
+      if (c.dtype == openvc::DType::kFloat16) {
+        const __half v = __float2half(__half2float(*reinterpret_cast<const __half*>(&x)) * m);
+        x = *reinterpret_cast<const uint16_t*>(&v);
+      } else {
+        const __nv_bfloat16 v = __float2bfloat16(__bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&x)) * m);
+        x = *reinterpret_cast<const uint16_t*>(&v);
+      }
+    }
+  }
+  const std::vector<uint16_t> hk = random_16(size_t(total_k) * row, 22 + c.d, c.dtype);
+  const std::vector<uint16_t> hv = random_16(size_t(total_k) * row, 23 + c.d, c.dtype);
+  DevBuf q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2), cu_q(c.cu_q.size() * 4), cu_k(c.cu_k.size() * 4);
+  DevBuf counts(c.counts.size() * 4 + 4);
+  ASSERT_TRUE(upload(q.p, hq) && upload(k.p, hk) && upload(v.p, hv));
+  ASSERT_TRUE(upload(cu_q.p, c.cu_q) && upload(cu_k.p, c.cu_k));
+  if (!c.counts.empty()) ASSERT_TRUE(upload(counts.p, c.counts));
+  const size_t nout = size_t(c.total_q) * row, nlse = size_t(c.h) * c.total_q;
+  DevBuf out(nout * 2), lse(nlse * 4);
+  CUDA_OK(cudaMemset(out.p, 0xFF, out.bytes));
+  CUDA_OK(cudaMemset(lse.p, 0xFF, lse.bytes));
+  FusedCall f{nseq, packed ? max_q : c.batch_sq, packed ? max_k : c.cu_k[1], c.h, c.d, c.total_q, total_k};
+  if (packed) f.cu_q = cu_q.as<int>(), f.cu_k = cu_k.as<int>();
+  f.counts = c.counts.empty() ? nullptr : counts.as<int>();
+  f.q = q.p, f.k = k.p, f.v = v.p, f.causal = c.causal, f.dtype = c.dtype, f.out = out.p, f.lse = lse.as<float>();
+  run_fused_call(f);
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<uint16_t> ho = download<uint16_t>(out.p, nout);
+  const std::vector<float> hl = download<float>(lse.p, nlse);   // batched [B, H, Sq]; packed [H, total_q]
+
+  // Each sequence alone, batched (B = 1; its key count, if any, as seqused_k).
+  for (int i = 0; i < nseq; ++i) {
+    const int q0 = c.cu_q[i], k0 = c.cu_k[i], lq = c.cu_q[i + 1] - q0, lk = c.cu_k[i + 1] - k0;
+    if (lq == 0) continue;
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    DevBuf o1(size_t(lq) * row * 2), l1(size_t(c.h) * lq * 4);
+    FusedCall g{1, lq, lk, c.h, c.d, lq, lk};
+    g.counts = c.counts.empty() ? nullptr : counts.as<int>() + i;
+    g.q = q.as<uint16_t>() + q0 * row, g.k = k.as<uint16_t>() + k0 * row, g.v = v.as<uint16_t>() + k0 * row;
+    g.causal = c.causal, g.dtype = c.dtype, g.out = o1.p, g.lse = l1.as<float>();
+    run_fused_call(g);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::vector<uint16_t> so = download<uint16_t>(o1.p, size_t(lq) * row);
+    const std::vector<float> sl = download<float>(l1.p, size_t(c.h) * lq);
+    ASSERT_EQ(0, std::memcmp(so.data(), ho.data() + size_t(q0) * row, so.size() * 2));
+    for (int h = 0; h < c.h; ++h)
+      for (int r = 0; r < lq; ++r) {
+        const float want = sl[size_t(h) * lq + r];
+        const float got = packed ? hl[size_t(h) * c.total_q + q0 + r] : hl[(size_t(i) * c.h + h) * lq + r];
+        ASSERT_EQ(0, std::memcmp(&want, &got, 4)) << "lse head " << h << " row " << r;
+      }
+  }
+}
+
+TEST(Sm90FusedQ, PackedSameBitsAsEachSequenceAlone) {
+  SKIP_WITHOUT_SM90();
+  using openvc::DType;
+  const PackedCase cases[] = {
+      // uneven sequences ending inside a tile, an empty query sequence, 77 uncovered rows at the end
+      {{0, 300, 300, 1000, 1130}, {0, 500, 629, 1400, 1500}, 1207, 3, 128, false, DType::kBFloat16},
+      {{0, 300, 300, 1000, 1130}, {0, 500, 629, 1400, 1500}, 1207, 3, 128, true, DType::kBFloat16},
+      {{0, 257, 700, 701, 2000}, {0, 257, 700, 701, 2000}, 2048, 2, 64, true, DType::kFloat16},
+      {{0, 129, 1129, 1300}, {0, 1000, 1128, 1700}, 1300, 4, 64, false, DType::kBFloat16},
+      // key counts with the offsets, and more tiles than SMs
+      {{0, 4000, 9000, 9001, 16000}, {0, 4000, 9000, 9001, 16000}, 16100, 8, 128, false, DType::kFloat16,
+       {3000, 5000, 1, 128}},
+      {{0, 4000, 9000, 9001, 16000}, {0, 4000, 9000, 9001, 16000}, 16000, 8, 128, true, DType::kBFloat16},
+      // key counts over a batch (the varlen tiles over flat Q rows; the next entry's rows after each one's end)
+      {{0, 700, 1400, 2100}, {0, 900, 1800, 2700}, 2100, 3, 128, false, DType::kBFloat16, {900, 400, 1}, 700},
+      {{0, 700, 1400, 2100}, {0, 900, 1800, 2700}, 2100, 2, 64, true, DType::kBFloat16, {900, 400, 0}, 700},
+  };
+  for (const PackedCase& c : cases) {
+    std::string offsets;
+    for (int x : c.cu_q) offsets += " " + std::to_string(x);
+    SCOPED_TRACE("cu_q" + offsets + " h " + std::to_string(c.h) + " d " + std::to_string(c.d) +
+                 (c.causal ? " causal" : "") + (c.counts.empty() ? "" : " seqused_k") +
+                 (c.batch_sq ? " batched" : ""));
+    run_fused_packed_case(c);
+  }
+}
+
 // The argument rules, before anything touches the device.
 TEST(Sm90FusedQ, RejectsWhatItDoesNotTake) {
   alignas(16) static uint8_t fake[256];
@@ -140,6 +302,15 @@ TEST(Sm90FusedQ, RejectsWhatItDoesNotTake) {
   st = openvc::attention_fp8(p, nullptr);
   EXPECT_EQ(st.code(), openvc::StatusCode::kInvalidArgument) << st.message();
   EXPECT_NE(st.message().find("q_unquantized_dtype"), std::string::npos) << st.message();
+  // Key counts over a batch whose Q rows do not follow each other (the varlen tiles read them flat).
+  int counts[2] = {128, 128};
+  p.q_unquantized_dtype = openvc::DType::kBFloat16;
+  p.in.batch = 2, p.seqused_k = counts;
+  p.q_unquantized = {fake, 129 * 128, 128, 128};
+  st = openvc::attention_fp8(p, nullptr);
+  EXPECT_EQ(st.code(), openvc::StatusCode::kUnsupported) << st.message();
+  EXPECT_NE(st.message().find("q_unquantized.stride_batch"), std::string::npos) << st.message();
+  p.in.batch = 1, p.seqused_k = nullptr, p.q_unquantized = {fake, 128 * 128, 128, 128};
   // prepare_fp8 without Q (K and V only) cannot write q . mean(K).
   openvc::PrepareParams pp;
   pp.batch = 1, pp.seqlen_q = 128, pp.seqlen_k = 128, pp.heads = 1;
