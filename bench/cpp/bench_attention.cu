@@ -528,10 +528,19 @@ int main(int argc, char** argv) {
         {"fp32 accumulate every tile", launch_kernel<kPlainMode, kFlushEvery1>},
         {"fp32 accumulate every 4 tiles", launch_kernel<kPlainMode, kFlushEvery4>},
         {"Q from shared memory (before)", launch_kernel<kPlainMode, kQFromSharedMemory>},
+        {"idle producer warps quantize K and V meanwhile", launch_kernel<kPlainMode, kSpareWarpsQuantize>},
     };
     const int kNum = only_prev ? 2 : int(sizeof(variants) / sizeof(variants[0]));
     LaunchPlan plan;
     CHECK_OK(plan_attention(ap, nullptr, &plan));
+    // kSpareWarpsQuantize's arrays (probe_spare_quantize.cuh: fields the plain mode never reads): the BF16 K and V
+    // (the first Sk rows of each batch entry's S do not matter here: all n elements), and their codes.
+    uint8_t* spare_codes;
+    CHECK_CUDA(cudaMalloc(&spare_codes, 2 * n));
+    plan.kp.vc_mean_scaled = reinterpret_cast<const float*>(k);
+    plan.kp.repair_k_descale = reinterpret_cast<const float*>(v);
+    plan.kp.vc_channel_descale = reinterpret_cast<const float*>(spare_codes);
+    plan.kp.repair_rows = int(n / 4096);
     // Output of the production kernel, to show how far each variant's result moves (rel L2).
     std::vector<__nv_bfloat16> base(n), got(n);
     CHECK_OK(openvc::attention_fp8(ap, s));

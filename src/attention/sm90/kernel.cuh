@@ -21,6 +21,7 @@
 #include "attention/sm90/kernel_params.h"
 #include "attention/sm90/mode.h"
 #include "attention/sm90/pipeline.cuh"
+#include "attention/sm90/probe_spare_quantize.cuh"
 #include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
 #include "attention/sm90/softmax.cuh"
@@ -494,6 +495,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
     // Lane 0 of warp 0 alone: producer_loop relies on it (its varlen tile work is made uniform over lane 0 only).
     if (threadIdx.x == 0) producer_loop<kMode, kProbe>(sh, p, ts, &tm_q, &tm_k, &tm_v, &tm_krep, &tm_vrep);
+    else if ((kProbe & kSpareWarpsQuantize) && threadIdx.x >= 32)
+      spare_quantize_probe(p, threadIdx.x / 32 - 1, threadIdx.x & 31);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     // A warp-uniform warpgroup index (broadcast from lane 0) lets the compiler keep the Q descriptor

@@ -37,6 +37,8 @@ enum Probe : int {
   kExp2PolyThreeQuarters = 262144,  // exp2 mode: key groups 1-3 (keys 32-127) on the polynomial, 0 on MUFU
   kQFromSharedMemory = 524288,  // plain and fused-Q plain modes: QK^T reads Q's codes from shared memory every key
                                 // block (the form before Q in registers, kernel.cuh; the same result)
+  kSpareWarpsQuantize = 1048576,  // plain mode: the producer warpgroup's idle warps 1-3 quantize K and V meanwhile
+                                  // (probe_spare_quantize.cuh; the same attention result)
 };
 
 // Tiles whose PV products share one tensor-core accumulator before the FP32 add, for a mode/probe.
