@@ -12,7 +12,8 @@
 
 namespace openvc {
 
-// AttentionParams::q_unquantized's layout (a TMA tensor map over the caller's [B, Sq, H, D] Q): 16-byte aligned
+// AttentionParams::q_unquantized's layout (a TMA tensor map over the caller's [B, Sq, H, D] Q, or a packed
+// [total_q, H, D] one checked as batch 1 with stride_batch 0): 16-byte aligned
 // data and strides of multiples of 8 elements, each dimension larger than 1 strided by at least head_dim.
 // sm90/launch.cu names the broken rule; call.cu quantizes Q in the kernel only for a Q that keeps both.
 enum class Q16Layout { kOk, kMisaligned, kStrideBelowHeadDim };
@@ -25,10 +26,14 @@ inline Q16Layout q16_layout(const TokenTensorView& q, int batch, int seqlen_q, i
   return Q16Layout::kOk;
 }
 
-// Whether Q's rows of all batch entries follow each other at stride_seq (row b * seqlen_q + i of one
-// [B * Sq, H, D] tensor), as the varlen tiles of a batched call with key counts index them.
+// Whether Q's rows of all batch entries follow each other at one stride (row b * seqlen_q + i of one [B * Sq, H, D]
+// tensor), as the varlen tiles of a batched call with key counts index them: stride_seq, or stride_batch when
+// each entry has one row (q16_row_stride).
 inline bool q16_rows_flat(const TokenTensorView& q, int batch, int seqlen_q) {
-  return batch == 1 || (seqlen_q > 1 && q.stride_batch == int64_t(seqlen_q) * q.stride_seq);
+  return batch == 1 || seqlen_q == 1 || q.stride_batch == int64_t(seqlen_q) * q.stride_seq;
+}
+inline int64_t q16_row_stride(const TokenTensorView& q, int batch, int seqlen_q) {
+  return seqlen_q == 1 && batch > 1 ? q.stride_batch : q.stride_seq;
 }
 
 // The lists' own fields against the call's batched inputs (attention.h, KeyBlockList). Counts and indices are

@@ -211,6 +211,9 @@ prepare::TokenArgs token_args(const TokenTensorView& t, int seqlen, const int* c
   return {t.data, cu_seqlens ? 0 : t.stride_batch, t.stride_seq, t.stride_head, seqlen, cu_seqlens, total, seqused};
 }
 
+// An ordinary launch, not a programmatic one: the kernels after it (V's, then attention's) may read the caller's
+// inputs before they wait for the grid before them, since everything that wrote them finished before this one
+// started (call.cu sets KernelParams::q_before_prior_grid on that).
 template <typename T, int D, bool kSmooth, bool kCache = false>
 void launch_qk(const PrepareParams& p, const prepare::QkArgs& qk, int64_t ctas, cudaStream_t stream) {
   constexpr int kThreads = prepare::Tile<D>::kThreads;

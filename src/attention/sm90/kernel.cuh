@@ -503,6 +503,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     // and the barrier ids in uniform registers instead of recomputing them every tile.
     consumer_loop<kMode, kProbe>(sh, p, ts, __shfl_sync(0xffffffffu, warpgroup - 1, 0));
   }
+  // q_before_prior_grid: a thread that had no Q tile has not waited yet; every CTA waits (pdl.cuh), so that this
+  // grid ends after the preparation's (a second wait returns at once).
+  if (has_mode<kMode>(kFusedQMode) && p.q_before_prior_grid) wait_for_prior_grid();
 }
 
 }  // namespace openvc::sm90

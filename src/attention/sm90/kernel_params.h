@@ -54,9 +54,10 @@ struct KernelParams {
   bool out_vec16;
   // kFusedQMode: the Q tile tm_q brings is FP16 (else BF16).
   bool q_fp16;
-  // kFusedQMode: the Q rows were complete before the grid this launch follows started (the one-call path: Q is
-  // the caller's input, and that grid is the preparation's last, after its first launched normally). The CTAs
-  // then load and quantize their first tile's Q before they wait for that grid (pdl.cuh), under its drain.
+  // kFusedQMode: Q was written by work that finished before an ordinary (non-programmatic) launch ahead of this one
+  // in the stream, so no grid this launch may overlap writes it: the one-call path, whose preparation's first
+  // kernel is launched normally (prepare.cu, launch_qk). The CTAs then load and quantize their first tile's Q
+  // before they wait for the grid before them (pdl.cuh), under its drain.
   bool q_before_prior_grid;
 };
 

@@ -124,7 +124,8 @@ Status validate_unquantized_q(const AttentionParams& p, bool vc) {
   if (!sh.packed && p.seqused_k != nullptr && !q16_rows_flat(q, in.batch, in.seqlen_q))
     return Status::Unsupported("q_unquantized.stride_batch: with seqused_k the kernel reads Q's rows as one "
                                "sequence, so stride_batch must be seqlen_q * stride_seq (" +
-                               str(int64_t(in.seqlen_q) * q.stride_seq) + "), got " + str(q.stride_batch));
+                               str(int64_t(in.seqlen_q) * q.stride_seq) + ") when batch > 1 and seqlen_q > 1, got " +
+                               str(q.stride_batch));
   // Packed: a [total_q, H, D] tensor (stride_batch is not read).
   const Q16Layout layout = sh.packed ? q16_layout({q.data, 0, q.stride_seq, q.stride_head}, 1,
                                                   int(std::min<int64_t>(p.total_q, 2)),
@@ -135,9 +136,9 @@ Status validate_unquantized_q(const AttentionParams& p, bool vc) {
                            "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
                            ", " + str(q.stride_head));
   if (layout == Q16Layout::kStrideBelowHeadDim)
-    return Status::Invalid("q_unquantized strides (batch " + str(q.stride_batch) + ", seq " + str(q.stride_seq) +
-                           ", head " + str(q.stride_head) + "): each must be at least head_dim (" +
-                           str(in.head_dim) + ")");
+    return Status::Invalid("q_unquantized strides (" + (sh.packed ? std::string() : "batch " + str(q.stride_batch) + ", ") +
+                           "seq " + str(q.stride_seq) + ", head " + str(q.stride_head) +
+                           "): each must be at least head_dim (" + str(in.head_dim) + ")");
   return Status::Ok();
 }
 
@@ -291,9 +292,12 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const int64_t rows_q = sh.packed ? params.total_q : seqs * sq, rows_k = sh.packed ? params.total_k : seqs * sk;
   LaunchPlan& pl = *plan;
   pl = LaunchPlan{};
-  if (fused_q)
-    OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, params.q_unquantized, params.q_unquantized_dtype, d, sq, h, seqs,
-                                        varlen, rows_q));
+  if (fused_q) {
+    // Key counts over a batch: the rows read flat, one row per entry at stride_batch when Sq = 1 (q16_row_stride).
+    TokenTensorView q16 = params.q_unquantized;
+    if (varlen && !sh.packed) q16.stride_seq = q16_row_stride(q16, in.batch, in.seqlen_q);
+    OPENVC_RETURN_IF_ERROR(make_q16_map(&pl.tm_q, q16, params.q_unquantized_dtype, d, sq, h, seqs, varlen, rows_q));
+  }
   if (varlen) {
     if (!fused_q)
       OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_q, in.q_codes,

@@ -118,7 +118,8 @@ void stepwise(const openvc::AttentionCall& a, std::vector<uint16_t>* out, std::v
   ap.cu_seqlens_q = p.cu_seqlens_q, ap.cu_seqlens_k = p.cu_seqlens_k, ap.num_seqs = p.num_seqs;
   ap.max_seqlen_q = p.max_seqlen_q, ap.max_seqlen_k = p.max_seqlen_k, ap.total_q = p.total_q;
   ap.total_k = p.total_k, ap.seqused_k = a.seqused_k;
-  if (a.qk_format == openvc::QkFormat::kE4M3 && !a.k_smoothing) {
+  if (a.qk_format == openvc::QkFormat::kE4M3 && !a.k_smoothing && a.causal_chunk <= 1 &&
+      a.blocks.num_blocks == nullptr) {   // call.cu's rule (these tests' Q views are TMA-readable)
     ap.in.q_codes = nullptr, ap.in.q_descale = nullptr;
     ap.q_unquantized = a.q, ap.q_unquantized_dtype = a.dtype;
   }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -229,14 +230,28 @@ void run_fused_packed_case(const PackedCase& c) {
   const std::vector<uint16_t> ho = download<uint16_t>(out.p, nout);
   const std::vector<float> hl = download<float>(lse.p, nlse);   // batched [B, H, Sq]; packed [H, total_q]
 
-  // Each sequence alone, batched (B = 1; its key count, if any, as seqused_k).
+  // Packed rows no sequence covers keep the poison.
+  for (int t = packed ? c.cu_q.back() : c.total_q; t < c.total_q; ++t) {
+    for (int64_t e = 0; e < row; ++e) ASSERT_EQ(0xFFFFu, ho[size_t(t) * row + e]) << "uncovered row " << t;
+    for (int h = 0; h < c.h; ++h) ASSERT_TRUE(std::isnan(hl[size_t(h) * c.total_q + t])) << "uncovered row " << t;
+  }
+  // Each sequence alone, batched (B = 1, no key counts: its used keys sliced out, the batched plain path).
   for (int i = 0; i < nseq; ++i) {
-    const int q0 = c.cu_q[i], k0 = c.cu_k[i], lq = c.cu_q[i + 1] - q0, lk = c.cu_k[i + 1] - k0;
+    const int q0 = c.cu_q[i], k0 = c.cu_k[i], lq = c.cu_q[i + 1] - q0;
+    const int lk = c.counts.empty() ? c.cu_k[i + 1] - k0 : std::min(c.cu_k[i + 1] - k0, c.counts[i]);
     if (lq == 0) continue;
     SCOPED_TRACE("sequence " + std::to_string(i));
+    if (lk == 0) {   // no key: output 0, LSE -inf
+      for (int64_t e = 0; e < int64_t(lq) * row; ++e) ASSERT_EQ(0u, ho[size_t(q0) * row + e]);
+      for (int h = 0; h < c.h; ++h)
+        for (int r = 0; r < lq; ++r) {
+          const float got = packed ? hl[size_t(h) * c.total_q + q0 + r] : hl[(size_t(i) * c.h + h) * lq + r];
+          ASSERT_EQ(-INFINITY, got);
+        }
+      continue;
+    }
     DevBuf o1(size_t(lq) * row * 2), l1(size_t(c.h) * lq * 4);
     FusedCall g{1, lq, lk, c.h, c.d, lq, lk};
-    g.counts = c.counts.empty() ? nullptr : counts.as<int>() + i;
     g.q = q.as<uint16_t>() + q0 * row, g.k = k.as<uint16_t>() + k0 * row, g.v = v.as<uint16_t>() + k0 * row;
     g.causal = c.causal, g.dtype = c.dtype, g.out = o1.p, g.lse = l1.as<float>();
     run_fused_call(g);
@@ -266,9 +281,13 @@ TEST(Sm90FusedQ, PackedSameBitsAsEachSequenceAlone) {
       {{0, 4000, 9000, 9001, 16000}, {0, 4000, 9000, 9001, 16000}, 16100, 8, 128, false, DType::kFloat16,
        {3000, 5000, 1, 128}},
       {{0, 4000, 9000, 9001, 16000}, {0, 4000, 9000, 9001, 16000}, 16000, 8, 128, true, DType::kBFloat16},
+      // lengths that are multiples of 128 (no row after the end inside a tile) and one that is not
+      {{0, 256, 640, 1024, 1100}, {0, 384, 640, 1024, 1500}, 1100, 2, 128, true, DType::kBFloat16},
       // key counts over a batch (the varlen tiles over flat Q rows; the next entry's rows after each one's end)
       {{0, 700, 1400, 2100}, {0, 900, 1800, 2700}, 2100, 3, 128, false, DType::kBFloat16, {900, 400, 1}, 700},
       {{0, 700, 1400, 2100}, {0, 900, 1800, 2700}, 2100, 2, 64, true, DType::kBFloat16, {900, 400, 0}, 700},
+      // one query row per entry (decoding with key counts: the rows at stride_batch)
+      {{0, 1, 2, 3, 4}, {0, 300, 600, 900, 1200}, 4, 4, 128, false, DType::kBFloat16, {300, 129, 0, 1}, 1},
   };
   for (const PackedCase& c : cases) {
     std::string offsets;
