@@ -183,6 +183,13 @@ inline int* device_ints(const std::vector<int>& host) {
   return dev;
 }
 
+// Offsets {0, S, .., B S} on the device: the B batch entries of S tokens as packed sequences.
+inline const int* device_batch_offsets(int B, int S) {
+  std::vector<int> host(B + 1);
+  for (int b = 0; b <= B; ++b) host[b] = b * S;
+  return device_ints(host);
+}
+
 // The B batch entries of S tokens as packed sequences in the batched layout (offsets cu = {0, S, .., B S}: the same
 // rows, codes and descales), for PrepareParams or AttentionParams.
 template <class Params>

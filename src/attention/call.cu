@@ -2,7 +2,6 @@
 // the workspace holds the prepared arrays, preparation's scratch and the smoothing LSE term, carved in one
 // fixed order that attention_workspace_bytes sizes; then prepare_fp8 and the chosen attention entry run on
 // the caller's stream, and with k_smoothing and an LSE one small kernel adds softmax_scale * q . mean(K).
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -116,13 +115,8 @@ T* at(void* base, size_t offset) {
 // goes through the preparation, which checks it and names it in its errors (a null or misaligned q, rows that
 // overlap such as a broadcast head).
 bool tma_readable_q(const AttentionCall& c) {
-  if (c.q.data == nullptr) return false;
-  if (packed(c))   // [total_q, H, D]: stride_batch is not read
-    return q16_layout({c.q.data, 0, c.q.stride_seq, c.q.stride_head}, 1, int(std::min<int64_t>(c.total_q, 2)),
-                      c.heads, c.head_dim) == Q16Layout::kOk;
-  // Key counts run the varlen tiles, which read the batch's Q rows as one sequence.
-  if (c.seqused_k != nullptr && !q16_rows_flat(c.q, c.batch, c.seqlen_q)) return false;
-  return q16_layout(c.q, c.batch, c.seqlen_q, c.heads, c.head_dim) == Q16Layout::kOk;
+  return c.q.data != nullptr && q16_call_layout(c.q, packed(c), c.seqused_k != nullptr, c.total_q, c.batch,
+                                                c.seqlen_q, c.heads, c.head_dim) == Q16Layout::kOk;
 }
 
 }  // namespace

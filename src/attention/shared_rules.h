@@ -16,7 +16,8 @@ namespace openvc {
 // [total_q, H, D] one checked as batch 1 with stride_batch 0): 16-byte aligned
 // data and strides of multiples of 8 elements, each dimension larger than 1 strided by at least head_dim.
 // sm90/launch.cu names the broken rule; call.cu quantizes Q in the kernel only for a Q that keeps both.
-enum class Q16Layout { kOk, kMisaligned, kStrideBelowHeadDim };
+// kRowsNotFlat: key counts over a batch whose Q rows do not follow each other (q16_call_layout).
+enum class Q16Layout { kOk, kMisaligned, kStrideBelowHeadDim, kRowsNotFlat };
 inline Q16Layout q16_layout(const TokenTensorView& q, int batch, int seqlen_q, int heads, int head_dim) {
   if (!aligned(q.data, 16) || q.stride_seq % 8 != 0 || q.stride_head % 8 != 0 || q.stride_batch % 8 != 0)
     return Q16Layout::kMisaligned;
@@ -34,6 +35,17 @@ inline bool q16_rows_flat(const TokenTensorView& q, int batch, int seqlen_q) {
 }
 inline int64_t q16_row_stride(const TokenTensorView& q, int batch, int seqlen_q) {
   return seqlen_q == 1 && batch > 1 ? q.stride_batch : q.stride_seq;
+}
+
+// q_unquantized's layout for a call's form, the one rule of launch.cu (which names what is broken) and call.cu
+// (which quantizes Q in the kernel only for kOk): packed, a [total_q, H, D] tensor (stride_batch not read); key
+// counts over a batch, rows read flat first; else q16_layout.
+inline Q16Layout q16_call_layout(const TokenTensorView& q, bool packed, bool key_counts, int64_t total_q, int batch,
+                                 int seqlen_q, int heads, int head_dim) {
+  if (packed)
+    return q16_layout({q.data, 0, q.stride_seq, q.stride_head}, 1, total_q > 1 ? 2 : int(total_q), heads, head_dim);
+  if (key_counts && !q16_rows_flat(q, batch, seqlen_q)) return Q16Layout::kRowsNotFlat;
+  return q16_layout(q, batch, seqlen_q, heads, head_dim);
 }
 
 // The lists' own fields against the call's batched inputs (attention.h, KeyBlockList). Counts and indices are

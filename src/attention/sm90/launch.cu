@@ -120,17 +120,14 @@ Status validate_unquantized_q(const AttentionParams& p, bool vc) {
     return Status::Invalid("q_unquantized_dtype must be kBFloat16 or kFloat16");
   const Fp8Inputs& in = p.in;
   const Shape sh = shape_of(p);
+  const Q16Layout layout = q16_call_layout(q, sh.packed, p.seqused_k != nullptr, p.total_q, in.batch, in.seqlen_q,
+                                           in.heads, in.head_dim);
   // Key counts over a batch run the varlen tiles, which index Q's rows flat (b * Sq + row).
-  if (!sh.packed && p.seqused_k != nullptr && !q16_rows_flat(q, in.batch, in.seqlen_q))
+  if (layout == Q16Layout::kRowsNotFlat)
     return Status::Unsupported("q_unquantized.stride_batch: with seqused_k the kernel reads Q's rows as one "
                                "sequence, so stride_batch must be seqlen_q * stride_seq (" +
                                str(int64_t(in.seqlen_q) * q.stride_seq) + ") when batch > 1 and seqlen_q > 1, got " +
                                str(q.stride_batch));
-  // Packed: a [total_q, H, D] tensor (stride_batch is not read).
-  const Q16Layout layout = sh.packed ? q16_layout({q.data, 0, q.stride_seq, q.stride_head}, 1,
-                                                  int(std::min<int64_t>(p.total_q, 2)),
-                                                  in.heads, in.head_dim)
-                                     : q16_layout(q, in.batch, in.seqlen_q, in.heads, in.head_dim);
   if (layout == Q16Layout::kMisaligned)
     return Status::Invalid("q_unquantized: data must be 16-byte aligned and its strides multiples of 8 elements "
                            "(a TMA tensor map), got strides " + str(q.stride_batch) + ", " + str(q.stride_seq) +
