@@ -385,8 +385,10 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                  (has_block_list(params.blocks) ? kBlockListMode : kPlainMode) |
                  (params.v_descale_per_block ? kVBlockDescaleMode : kPlainMode) |
                  (fused_q ? kFusedQMode : kPlainMode);
-  // Few key blocks per tile (config.h, kFewKeyBlocks): the plain and fused-Q modes' ping-pong twin.
-  if ((pl.mode == kPlainMode || pl.mode == kFusedQMode) && nk <= kFewKeyBlocks) pl.mode |= kFewKeysMode;
+  // Few key blocks per tile (config.h, kFewKeyBlocks / kFewKeyBlocksFusedQ): the plain and fused-Q modes' ping-pong
+  // twin.
+  if ((pl.mode == kPlainMode && nk <= kFewKeyBlocks) || (pl.mode == kFusedQMode && nk <= kFewKeyBlocksFusedQ))
+    pl.mode |= kFewKeysMode;
   const KeyBlockList& bl = params.blocks;
   kp.blk_count = bl.num_blocks;
   kp.blk_index = bl.indices;

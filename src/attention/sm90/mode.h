@@ -63,8 +63,8 @@ enum Mode : int {
   // query tile: prepare_fp8's codes and descale) into the FP8 Q tile the QK^T path reads. E4M3 calls, plain or
   // causal, head dim 128 or 64, batched or packed (with kVarlenMode: rows past the tile's sequence are left out).
   kFusedQMode = 1024,
-  // Few key blocks (chosen on the host for batched E4M3 calls with at most kFewKeyBlocks key blocks per tile,
-  // config.h; plain or with kFusedQMode, head dim 128): the consumers take turns issuing tensor-core work (named
+  // Few key blocks (chosen on the host for batched E4M3 head dim 128 calls with at most kFewKeyBlocks key blocks per
+  // tile, kFewKeyBlocksFusedQ with kFusedQMode; config.h): the consumers take turns issuing tensor-core work (named
   // barriers; IssueOrder in kernel.cuh), so that one warpgroup's softmax and tile boundary run under the other's
   // products: with a few blocks the tile boundary is a large part of a tile's time. The plain mode's arithmetic and
   // order, so its bits (the varlen, block-list and repair modes give the same bits for the same keys, which a
