@@ -96,8 +96,8 @@ int main(int argc, char** argv) {
   // the other sections set causal themselves.
   const char* causal_var = std::getenv("OPENVC_BENCH_CAUSAL");
   const bool causal_env = causal_var != nullptr && std::atoi(causal_var) != 0;
-  if (causal_env && argc > 6 && std::string(argv[6]) != "onecall") {
-    std::fprintf(stderr, "OPENVC_BENCH_CAUSAL: with the default path or \"onecall\" only\n");
+  if (causal_env && ((argc > 6 && std::string(argv[6]) != "onecall") || Sk != S)) {
+    std::fprintf(stderr, "OPENVC_BENCH_CAUSAL: with the default path or \"onecall\" only, Sk = S\n");
     return 1;
   }
   const size_t n = size_t(B) * S * H * D;
@@ -524,7 +524,8 @@ int main(int argc, char** argv) {
         {"ping-pong + float max (before)", launch_kernel<kPlainMode, kPingPong | kFloatMax>},
         // the two orders that pay at 512 keys (OPENVC_BENCH_SK=512), together
         {"ping-pong + fp32 accumulate every tile", launch_kernel<kPlainMode, kPingPong | kFlushEvery1>},
-        // the production mode at up to kFewKeyBlocks key blocks (ping-pong: the same kernel as the probe above)
+        // the production mode at up to kFewKeyBlocks key blocks (ping-pong as the probe above, but Q's codes read from
+        // shared memory: the probe keeps the plain mode's registers)
         {"few-keys mode", launch_kernel<kFewKeysMode, kNoProbe>},
         {"general loop (no specialized steps)", launch_kernel<kPlainMode, kGeneralLoop>},
         {"skip max", launch_kernel<kPlainMode, kSkipMax>},

@@ -23,8 +23,8 @@ inline constexpr int kFlushTiles = 2;
 inline constexpr int kFewKeyBlocks = 6;
 // The same with Q quantized in the kernel (the one-call path): there the consumers' quantization at every tile start
 // (two barriers of both warpgroups) is part of the boundary, and the turns pay up to 4,096 keys: one-call complete
-// call 1.9% faster at 16 key blocks (S = 2,048, H = 66), 1.1% at 24, 0.6-1.0% at 32, at 64 (8,192 keys) the plain mode's
-// time (docs/performance.md, twenty-second session); on prepared Q the same range measured -1.5% to +0.5%.
+// call 1.9% faster at 16 key blocks (S = 2,048, H = 66), 1.1% at 24, 0.6-1.0% at 32, at 64 (8,192 keys) the plain
+// mode's time (docs/performance.md, twenty-second session); on prepared Q the same range measured -1.5% to +0.5%.
 inline constexpr int kFewKeyBlocksFusedQ = 32;
 
 template <int kD>

@@ -171,9 +171,10 @@ __device__ __forceinline__ void step_group(Step& step, int i) {
 }
 
 // Ping-pong: warpgroup wg issues its tensor-core work after the other one has issued its own. The few-keys
-// mode's order (tiles of at most kFewKeyBlocks key blocks, whose tile boundary is a large part of their time:
-// one warpgroup's softmax and epilogue then run under the other's products); elsewhere measured 1-3% slower
-// than letting both issue freely once the row max was cheap, so there it is a probe (kPingPong).
+// mode's order (tiles of at most kFewKeyBlocks key blocks, kFewKeyBlocksFusedQ with Q quantized here, whose tile
+// boundary is a large part of their time: one warpgroup's softmax and epilogue then run under the other's products);
+// elsewhere measured 1-3% slower than letting both issue freely once the row max was cheap, so there it is a probe
+// (kPingPong).
 template <bool kOn>
 struct IssueOrder {
   int mine, other;

@@ -110,9 +110,12 @@ TEST(Sm90FusedQ, SameBitsAsPreparedQ) {
       {2, 8192, 8192, 16, 64, true, DType::kBFloat16, 8},
       {2, 2000, 1000, 8, 128, true, DType::kFloat16, 0},    // causal, Sq > Sk: tiles without keys are skipped
       {1, 300, 500, 1, 128, false, DType::kBFloat16, 0, true},   // B = 1, H = 1 with zero strides
-      // the last key count of the few-keys mode (6 blocks) and the first of the plain mode (7), many tiles
+      // around the few-keys mode's bounds, many tiles: on prepared Q it ends at 6 blocks (kFewKeyBlocks), with Q
+      // quantized in the kernel at 32 (kFewKeyBlocksFusedQ): each side's kernel against the other's, bit for bit
       {2, 4000, 768, 12, 128, false, DType::kBFloat16, 0},
       {2, 4000, 800, 12, 128, false, DType::kFloat16, 0},
+      {1, 3000, 4096, 8, 128, false, DType::kBFloat16, 0},
+      {1, 3000, 4200, 8, 128, false, DType::kFloat16, 0},
   };
   for (const FusedCase& c : cases) {
     SCOPED_TRACE("b " + std::to_string(c.b) + " sq " + std::to_string(c.sq) + " sk " + std::to_string(c.sk) + " h " +

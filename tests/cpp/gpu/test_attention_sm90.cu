@@ -281,12 +281,12 @@ TEST(Sm90Attention, SmallShapes) {
     run_case(c);
 }
 
-// The steady state runs blocks 1 .. n-2 in pairs (the FP32 flush period) and the rest through the general
-// step: 2 to 7 key blocks cover no pair, one pair with and without a remainder, and a last block that is full
-// (640, 768 = 5, 6 blocks) or partial. Up to 6 blocks (768) that is the few-keys mode (kFewKeyBlocks; these inputs are
-// prepared, with Q quantized in the kernel it runs up to 32 and Sm90FusedQ.SameBitsAsPreparedQ holds it to these
-// bits), from 7 the plain mode: 7, 9 and 11 blocks leave a remainder (800 partial; 1152, 1408 full; 1300 partial), 8 and 10
-// none (1024, 1280 full; 1200 partial).
+// The steady state runs blocks 1 .. n-2 in pairs (the FP32 flush period) and the rest through the general step: 2 to
+// 7 key blocks cover no pair, one pair with and without a remainder, and a last block that is full (640, 768 = 5, 6
+// blocks) or partial. Up to 6 blocks (768) that is the few-keys mode (kFewKeyBlocks; these inputs are prepared: with
+// Q quantized in the kernel it runs up to 32 and Sm90FusedQ.SameBitsAsPreparedQ holds it to these bits), from 7 the
+// plain mode: 7, 9 and 11 blocks leave a remainder (800 partial; 1152, 1408 full; 1300 partial), 8 and 10 none (1024,
+// 1280 full; 1200 partial).
 TEST(Sm90Attention, KeyBlockCountsAroundTheFlushPeriod) {
   SKIP_WITHOUT_SM90();
   for (int S : {129, 300, 500, 640, 768, 800, 1024, 1152, 1200, 1280, 1300, 1408})
