@@ -14,13 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test_util.h"
+#include "gpu/prepare_test_util.h"
 #include "openvc/attention.h"
 
 namespace {
 
 using openvc::testing::DevBuf;
 using openvc::testing::download;
+using openvc::testing::PreparedDevice;
 using openvc::testing::upload;
 
 struct FusedCase {
@@ -56,10 +57,11 @@ void run_fused_case(const FusedCase& c) {
   const std::vector<uint16_t> hv = random_16(size_t(c.b) * c.sk * c.h * c.d, 13 + c.d, c.dtype);
   DevBuf q(hq.size() * 2), k(hk.size() * 2), v(hv.size() * 2);
   ASSERT_TRUE(upload(q.p, hq) && upload(k.p, hk) && upload(v.p, hv));
-  const int64_t nq = openvc::num_quant_blocks(c.sq), nk = openvc::num_quant_blocks(c.sk), bh = int64_t(c.b) * c.h;
-  DevBuf qc(size_t(c.b) * c.sq * c.h * c.d), kc(size_t(c.b) * c.sk * c.h * c.d);
-  DevBuf qs(bh * nq * 4), ks(bh * nk * 4), vp(bh * c.d * openvc::packed_seqlen_k(c.sk)), vs(bh * 4);
-  DevBuf ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, false));
+  const int64_t bh = int64_t(c.b) * c.h;
+  const PreparedDevice prep(size_t(c.b) * c.sq * c.h * c.d, size_t(c.b) * c.sk * c.h * c.d,
+                            bh * c.d * openvc::packed_seqlen_k(c.sk), bh, int(openvc::num_quant_blocks(c.sq)),
+                            int(openvc::num_quant_blocks(c.sk)),
+                            openvc::prepare_workspace_bytes(c.b, c.h, c.sk, false));
   openvc::PrepareParams pp;
   pp.dtype = c.dtype, pp.heads = c.h, pp.head_dim = c.d, pp.batch = c.b, pp.seqlen_q = c.sq, pp.seqlen_k = c.sk;
   const openvc::TokenTensorView qv = {q.p, c.zero_unit_strides && c.b == 1 ? 0 : bs,
@@ -67,9 +69,7 @@ void run_fused_case(const FusedCase& c) {
   pp.q = qv;
   pp.k = {k.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
   pp.v = {v.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
-  pp.q_codes = qc.as<uint8_t>(), pp.q_descale = qs.as<float>(), pp.k_codes = kc.as<uint8_t>();
-  pp.k_descale = ks.as<float>(), pp.v_packed = vp.as<uint8_t>(), pp.v_descale = vs.as<float>();
-  pp.workspace = ws.p, pp.workspace_bytes = ws.bytes;
+  prep.bind(pp);
   const openvc::Status sp = openvc::prepare_fp8(pp, nullptr);
   ASSERT_TRUE(sp.ok()) << sp.message();
 
@@ -77,8 +77,7 @@ void run_fused_case(const FusedCase& c) {
   DevBuf out_a(nout * 2), out_b(nout * 2), lse_a(nlse * 4), lse_b(nlse * 4);
   for (DevBuf* x : {&out_a, &out_b, &lse_a, &lse_b}) CUDA_OK(cudaMemset(x->p, 0xFF, x->bytes));
   openvc::AttentionParams ap;
-  ap.in = {c.b, c.sq, c.sk, c.h, c.d, qc.as<uint8_t>(), qs.as<float>(), kc.as<uint8_t>(), ks.as<float>(),
-           vp.as<uint8_t>(), vs.as<float>()};
+  ap.in = {c.b, c.sq, c.sk, c.h, c.d, pp.q_codes, pp.q_descale, pp.k_codes, pp.k_descale, pp.v_packed, pp.v_descale};
   ap.out_stride_batch = int64_t(c.sq) * c.h * c.d, ap.out_stride_seq = int64_t(c.h) * c.d, ap.out_stride_head = c.d;
   ap.causal = c.causal;
   ap.out = out_a.p, ap.lse = lse_a.as<float>();

@@ -4,7 +4,6 @@
 // quantized in the kernel (the plain fused-Q mode above kFewKeyBlocksFusedQ key blocks, the few-keys one below),
 // packed sequences, key counts, INT8 Q/K and the exp2 P format. causal_snake stays as planned for the host's grid
 // (next_tile deals its rounds by gridDim).
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,13 +12,16 @@
 #include <vector>
 
 #include "attention/sm90/launch.h"
-#include "gpu_test_util.h"
+#include "gpu/prepare_test_util.h"
 #include "openvc/attention.h"
 
 namespace {
 
 using openvc::testing::DevBuf;
+using openvc::testing::DevTensor;
 using openvc::testing::download;
+using openvc::testing::PreparedDevice;
+using openvc::testing::random_tensor;
 using openvc::testing::upload;
 
 struct GridCase {
@@ -33,16 +35,6 @@ struct GridCase {
   bool exp2 = false;           // p_format kExp2 (with int8)
 };
 
-std::vector<uint16_t> random_bf16(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<uint16_t> h(n);
-  for (auto& x : h) {
-    const __nv_bfloat16 v = __float2bfloat16(dist(rng));
-    x = *reinterpret_cast<const uint16_t*>(&v);
-  }
-  return h;
-}
 
 // Runs the plan on `grid` CTAs (0: the host's choice) into poisoned outputs; returns output and LSE bits.
 void run_on_grid(const openvc::AttentionParams& ap, int grid, size_t nout, size_t nlse, std::vector<uint16_t>* out,
@@ -66,25 +58,24 @@ void run_on_grid(const openvc::AttentionParams& ap, int grid, size_t nout, size_
 
 void run_grid_case(const GridCase& c) {
   SCOPED_TRACE(c.name);
+  constexpr openvc::DType kBf16 = openvc::DType::kBFloat16;
   const size_t nq = size_t(c.b) * c.sq * c.h * c.d, nkv = size_t(c.b) * c.sk * c.h * c.d;
-  DevBuf q(nq * 2), k(nkv * 2), v(nkv * 2);
-  ASSERT_TRUE(upload(q.p, random_bf16(nq, 21 + c.d)) && upload(k.p, random_bf16(nkv, 22 + c.d)) &&
-              upload(v.p, random_bf16(nkv, 23 + c.d)));
-  const int64_t bh = int64_t(c.b) * c.h, nbq = openvc::num_quant_blocks(c.sq), nbk = openvc::num_quant_blocks(c.sk);
-  DevBuf qc(nq), kc(nkv), vp(bh * c.d * openvc::packed_seqlen_k(c.sk)), vs(bh * 4);
+  std::mt19937 rng(21 + c.d);
+  auto device_input = [&](int s) {   // [B, s, H, D] BF16, contiguous
+    return DevTensor(kBf16, random_tensor(kBf16, c.b, s, c.h, c.d, rng),
+                     strides_of(openvc::testing::Layout::kContiguous, s, c.h, c.d));
+  };
+  const DevTensor q = device_input(c.sq), k = device_input(c.sk), v = device_input(c.sk);
+  const int64_t bh = int64_t(c.b) * c.h;
   // INT8: Q descales per row, K descales per key group (numerics section 9).
-  DevBuf qs(bh * (c.int8 ? c.sq : nbq) * 4), ks(bh * nbk * (c.int8 ? 8 : 1) * 4);
-  DevBuf ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, false));
+  const int nbq = int(openvc::num_quant_blocks(c.sq)), nbk = int(openvc::num_quant_blocks(c.sk));
+  const PreparedDevice prep(nq, nkv, bh * c.d * openvc::packed_seqlen_k(c.sk), bh, c.int8 ? c.sq : nbq,
+                            c.int8 ? nbk * openvc::kInt8KeyGroups : nbk,
+                            openvc::prepare_workspace_bytes(c.b, c.h, c.sk, false));
   openvc::PrepareParams pp;
-  pp.dtype = openvc::DType::kBFloat16, pp.heads = c.h, pp.head_dim = c.d, pp.batch = c.b;
-  pp.seqlen_q = c.sq, pp.seqlen_k = c.sk;
-  const openvc::TokenTensorView qv = {q.p, int64_t(c.sq) * c.h * c.d, int64_t(c.h) * c.d, c.d};
-  pp.q = qv;
-  pp.k = {k.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
-  pp.v = {v.p, int64_t(c.sk) * c.h * c.d, int64_t(c.h) * c.d, c.d};
-  pp.q_codes = qc.as<uint8_t>(), pp.q_descale = qs.as<float>(), pp.k_codes = kc.as<uint8_t>();
-  pp.k_descale = ks.as<float>(), pp.v_packed = vp.as<uint8_t>(), pp.v_descale = vs.as<float>();
-  pp.workspace = ws.p, pp.workspace_bytes = ws.bytes;
+  pp.dtype = kBf16, pp.heads = c.h, pp.head_dim = c.d, pp.batch = c.b, pp.seqlen_q = c.sq, pp.seqlen_k = c.sk;
+  pp.q = q.view(), pp.k = k.view(), pp.v = v.view();
+  prep.bind(pp);
   if (c.int8) pp.qk_format = openvc::QkFormat::kInt8;
   std::vector<int> offsets(c.b + 1), counts(c.b);
   for (int i = 0; i <= c.b; ++i) offsets[i] = i * c.sq;
@@ -96,15 +87,14 @@ void run_grid_case(const GridCase& c) {
   ASSERT_TRUE(sp.ok()) << sp.message();
 
   openvc::AttentionParams ap;
-  ap.in = {c.b, c.sq, c.sk, c.h, c.d, qc.as<uint8_t>(), qs.as<float>(), kc.as<uint8_t>(), ks.as<float>(),
-           vp.as<uint8_t>(), vs.as<float>()};
+  ap.in = {c.b, c.sq, c.sk, c.h, c.d, pp.q_codes, pp.q_descale, pp.k_codes, pp.k_descale, pp.v_packed, pp.v_descale};
   if (c.int8) ap.in.qk_format = openvc::QkFormat::kInt8;
   if (c.exp2) ap.p_format = openvc::PFormat::kExp2;
   ap.out_stride_batch = int64_t(c.sq) * c.h * c.d, ap.out_stride_seq = int64_t(c.h) * c.d, ap.out_stride_head = c.d;
   ap.causal = c.causal;
   if (c.fused_q) {
     ap.in.q_codes = nullptr, ap.in.q_descale = nullptr;
-    ap.q_unquantized = qv, ap.q_unquantized_dtype = openvc::DType::kBFloat16;
+    ap.q_unquantized = pp.q, ap.q_unquantized_dtype = kBf16;
   }
   if (c.packed) {   // Sq = Sk: the batched preparation's codes are the packed layout's
     ap.cu_seqlens_q = ap.cu_seqlens_k = cu.as<int>(), ap.num_seqs = c.b;
