@@ -33,6 +33,22 @@ __device__ __forceinline__ RowMult q_multiplier(const KernelParams& p, RowMult d
   return RowMult{p.qk_multiplier * dq.lo, p.qk_multiplier * dq.hi};
 }
 
+// INT8: the largest Q multiplier of the warpgroup's 64 rows (rows past seqlen_q read the last row's, as in
+// q_descales), the same in its four warps: redux.sync gives every warp the lanes' maximum in a uniform register.
+// tile_may_be_huge's decision picks the steps that issue the warpgroup's wgmma, so all four warps must take it
+// alike; with each warp's own rows one warp could take the general step while the others took the grouped ones
+// (an illegal instruction at the wgmma). Descales are >= 0, so their bits order as the floats (NaN and -0 count
+// as 0 here; a NaN row's output is NaN anyway).
+template <int kMode>
+__device__ __forceinline__ float warpgroup_max_q_multiplier(const KernelParams& p, const TileCoord& c, int wg_row0) {
+  static_assert(has_mode<kMode>(kInt8QkMode), "E4M3 Q has one descale per tile");
+  const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
+  const int r = c.qt * kBlockM + wg_row0 + (threadIdx.x & 31), last = p.seqlen_q - 1;
+  float m = fmaxf(__ldg(dq + min(r, last)), __ldg(dq + min(r + 32, last)));
+  m = m > 0.0f ? m : 0.0f;
+  return p.qk_multiplier * __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
+}
+
 // The (b, h)'s K descales: [nk] E4M3 (one per 128-key block), [nk, 8] INT8 (key groups; 64-bit index).
 template <bool kInt8>
 __device__ __forceinline__ const float* k_descales(const KernelParams& p, const TileCoord& c) {

@@ -294,7 +294,10 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // Tiles that may hold huge scores (never real data) take the clipped conversion and the general
     // step for every block (measured: an inline guard in the steady state cost 3%). Decided while the
     // first QK^T runs: before it, the wait for the Q descale and the descale scan sat in every tile's start.
-    const bool clip = !(kProbe & kNoHugeGuard) && tile_may_be_huge(qscale, kd, p.num_k_blocks);
+    float huge_qscale;   // the same in the warpgroup's four warps (tile_may_be_huge)
+    if constexpr (kInt8) huge_qscale = warpgroup_max_q_multiplier<kMode>(p, c, 64 * wg);
+    else huge_qscale = qscale;
+    const bool clip = !(kProbe & kNoHugeGuard) && tile_may_be_huge<kInt8>(huge_qscale, kd, p.num_k_blocks);
     cute::warpgroup_wait<0>();
     fence_regs(s);
     release(&sh.k_empty[ring.stage]);

@@ -409,15 +409,14 @@ __device__ __forceinline__ void convert_step(ConsumerState<kD>& st, const float 
 // Whether a tile can hold scores so large (|M'| >= 0.5, i.e. beyond ~7e5 nats) that the conversion
 // needs the clip: |acc| <= 128 * 448^2 for E4M3 codes (128 * 127^2 for INT8), so |M'| <= that bound *
 // qscale * max dk over the (b, h)'s key blocks (INT8: over its nk * 8 key-group descales). Never true for
-// real data (the bound is ~1e-4 for video inputs). Each warp reads the descales itself (no barrier); NaN
-// descales give false (NaN out anyway).
-template <typename A>
-__device__ __forceinline__ bool tile_may_be_huge(A qscale_rows, const float* kd, int nk) {
-  constexpr bool kInt8 = std::is_same_v<A, RowMult>;
+// real data (the bound is ~1e-4 for video inputs). qscale must be the same in the warpgroup's four warps (the
+// tile's for E4M3, warpgroup_max_q_multiplier's for INT8), so the vote is too: the clip picks the steps that
+// issue the warpgroup's tensor-core work. Each warp reads the descales itself (no barrier); NaN descales give
+// false (NaN out anyway). The clip changes no code (numerics section 3), so a bound that says yes too often only
+// costs speed.
+template <bool kInt8>
+__device__ __forceinline__ bool tile_may_be_huge(float qscale, const float* kd, int nk) {
   if constexpr (kInt8) nk *= kInt8KeyGroups;   // INT8: every key group's descale ([nk, 8])
-  float qscale;
-  if constexpr (kInt8) qscale = fmaxf(qscale_rows.lo, qscale_rows.hi);
-  else qscale = qscale_rows;
   // A uniform trip count (predicated loads, no divergent loop): divergence here would cost the
   // consumer loop its uniform datapath (measured in the SASS: R2UR moves, WARPSYNC).
   float m = 0.0f;

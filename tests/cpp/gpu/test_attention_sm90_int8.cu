@@ -46,6 +46,9 @@ struct Int8Case {
   int B, sq, sk, H;
   float qk_scale;   // q and k multiplied by this (sharp heads)
   bool video;
+  // >= 0: this query row of (b, h) = (0, 0) times 1e4 as well, so that one warp's rows alone put the tile past
+  // tile_may_be_huge's bound (scores of ~1e4 nats: not huge, every code the reference's).
+  int huge_q_row = -1;
 };
 
 // Device buffers of one batched case (D = 128; q_descale per row; k_descale room for [B, H, nk, 8]).
@@ -74,6 +77,11 @@ void inputs(const Int8Case& c, std::vector<float>& q, std::vector<float>& k, std
   }
   for (float& x : q) x = ref::round_to_bf16(x * c.qk_scale);
   for (float& x : k) x = ref::round_to_bf16(x * c.qk_scale);
+  if (c.huge_q_row >= 0)
+    for (int d = 0; d < D; ++d) {
+      float& x = q[size_t(c.huge_q_row) * c.H * D + d];
+      x = ref::round_to_bf16(x * 1e4f);
+    }
 }
 
 // The case's inputs (q, k, v filled) and their INT8 preparation on the GPU.
@@ -128,9 +136,11 @@ TEST(Sm90Int8, PrepareWritesTheReferenceCodesBitForBit) {
 TEST(Sm90Int8, AttentionMatchesTheReferenceOnTheSameCodes) {
   SKIP_WITHOUT_SM90();
   for (const Int8Case& c : {Int8Case{2, 300, 700, 3, 1.0f, false}, Int8Case{1, 1000, 1000, 2, 1.0f, true},
-                            Int8Case{1, 777, 2049, 2, 4.0f, false}, Int8Case{1, 1, 257, 1, 1.0f, false}}) {
+                            Int8Case{1, 777, 2049, 2, 4.0f, false}, Int8Case{1, 1, 257, 1, 1.0f, false},
+                            // the warps of a warpgroup must agree on the huge-score steps (kernel.cuh)
+                            Int8Case{1, 300, 700, 2, 1.0f, false, 5}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << c.B << " Sq=" << c.sq << " Sk=" << c.sk << " H=" << c.H
-                                      << " x" << c.qk_scale);
+                                      << " x" << c.qk_scale << " huge row " << c.huge_q_row);
     const int D = 128, H = c.H;
     std::vector<float> q, k, v;
     Gpu g(c);
