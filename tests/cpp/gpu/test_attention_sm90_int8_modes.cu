@@ -82,6 +82,9 @@ struct Int8ModeCase {
   const openvc::testing::BlockLists* blocks = nullptr;   // key block lists (batched; exact not compared)
   bool v_block_descale = false;      // V descales per key block (attention_case.h; exact not compared)
   int causal_chunk = 1;              // with causal: chunked causal (numerics section 5)
+  // Query rows 5 and 70 of the first sequence (head 0) times 1e4: one warp of each consumer warpgroup past
+  // tile_may_be_huge's bound, the other warps not (kernel.cuh: the steps must still be the warpgroup's).
+  bool large_q_rows = false;
 };
 
 Int8ModeCase batched(int B, int sq, int sk, int H, int D, bool causal, int w, bool video) {
@@ -102,7 +105,8 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
   SCOPED_TRACE(::testing::Message() << (exp2 ? "int8+exp2 " : "int8 ") << (c.packed ? "packed" : "batched") << (c.slot_k ? " seqused_k" : "")
                                     << " nseq=" << nseq << " Sq0=" << c.lens_q[0] << " Sk0=" << c.lens_k[0]
                                     << " H=" << H << " D=" << D << (c.causal ? " causal" : "") << " w="
-                                    << c.mid_window << (c.video ? " video" : " normal") << " x" << c.qk_scale);
+                                    << c.mid_window << (c.video ? " video" : " normal") << " x" << c.qk_scale
+                                    << (c.large_q_rows ? " large rows" : ""));
   const ref::Sequences qs = sequences(c.lens_q, H, D), ks = sequences(c.lens_k, H, D);
   const int total_q = qs.total_tokens(), total_k = ks.total_tokens();
   std::vector<float> q, k, v;
@@ -118,6 +122,10 @@ void run_int8_case(const Int8ModeCase& c, bool exp2) {
     for (float& x : q) x = ref::round_to_bf16(x * c.qk_scale);
     for (float& x : k) x = ref::round_to_bf16(x * c.qk_scale);
   }
+  if (c.large_q_rows)
+    for (int r : {5, 70})
+      if (r < c.lens_q[0])
+        for (int d = 0; d < D; ++d) q[size_t(r) * H * D + d] = ref::round_to_bf16(q[size_t(r) * H * D + d] * 1e4f);
   ref::PrepareOptions po;
   po.qk_format = ref::QkFormat::kInt8;
   ref::PreparedInputs prep;
@@ -411,6 +419,20 @@ TEST(Sm90Int8Modes, ChunkedCausal) {
       run_int8_case(c, exp2);
       c = packed({1000, 0, 700}, {1000, 0, 900}, 2, D, true, ref::kNaturalOrder, false);
       c.causal_chunk = 250;
+      run_int8_case(c, exp2);
+    }
+}
+
+// A few large query rows in dense, causal, head-dim-64 causal and packed calls, both P formats: until a2e4bd7 the
+// INT8 modes decided per warp whether a tile may hold huge scores, and these inputs made the warps of one warpgroup
+// take different steps around the same wgmma (an illegal instruction).
+TEST(Sm90Int8Modes, AFewLargeQueryRows) {
+  SKIP_WITHOUT_SM90();
+  for (bool exp2 : {false, true})
+    for (Int8ModeCase c : {batched(2, 300, 700, 2, 128, false, 4, false), batched(1, 1000, 1000, 2, 128, true, 4, false),
+                           batched(1, 1000, 1000, 2, 64, true, 4, false),
+                           packed({300, 0, 500}, {700, 100, 500}, 2, 128, false, 4, false)}) {
+      c.large_q_rows = true;
       run_int8_case(c, exp2);
     }
 }
