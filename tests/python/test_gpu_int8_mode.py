@@ -159,14 +159,19 @@ def test_gpu_a_few_large_query_rows(torch, d, causal, p_format):
     """Two query rows 1e4 times the rest (INT8 Q has a descale per row): the warps holding them see a possible
     huge score where the others do not, and the kernel takes one set of steps per warpgroup all the same (with a
     decision per warp this was an illegal instruction, which ends the CUDA context). Finite and within the
-    tolerance of exact attention (those rows are nearly one-hot)."""
+    tolerance of exact attention on the other rows. The large rows are nearly one-hot, and an INT8 score error of
+    ~1e2 nats on scores of ~1e4 can pick another of two nearly tied keys, so they are held to finiteness and the
+    convex-combination bound |O| <= max |V| only."""
     q, k, v = randn_qkv(torch, 1, 700, 900, 2, d, seed=5)
-    q[0, 5] *= 1e4
-    q[0, 77, 1] *= 1e4
+    large = torch.zeros(700, 2, dtype=torch.bool, device="cuda")
+    large[5, :] = large[77, 1] = True
+    q[0][large] *= 1e4
     out = open_vc_attn.attention(q, k, v, causal=causal, p_format=p_format, **SMOOTH)
     torch.cuda.synchronize()
     assert bool(out.isfinite().all())
-    assert rel_l2(out, exact(torch, q, k, v, causal=causal)) < 0.075
+    assert float(out[0][large].abs().max()) <= float(v.abs().max()) * 1.01
+    want = exact(torch, q, k, v, causal=causal)
+    assert rel_l2(out[0][~large], want[0][~large]) < 0.075
 
 
 @pytest.mark.gpu
