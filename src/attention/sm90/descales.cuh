@@ -17,12 +17,14 @@ namespace openvc::sm90 {
 // seqlen_q = max_seqlen_q, row i of sequence b at (b * H + h) * max_seqlen_q + i, 0 past the sequence's end).
 // Rows past seqlen_q (never stored; batched: Q codes zero) read the last row's descale, so with b < sequences
 // and h < H (the tile space) no read leaves the [sequences * H * seqlen_q] array whatever the offsets.
+__device__ __forceinline__ float int8_row_q_descale(const KernelParams& p, const TileCoord& c, int row) {
+  const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
+  return __ldg(dq + min(c.qt * kBlockM + row, p.seqlen_q - 1));   // INT8: the tile's row `row`, clamped
+}
 template <int kMode>
 __device__ __forceinline__ auto q_descales(const KernelParams& p, const TileCoord& c, int row) {
   if constexpr (has_mode<kMode>(kInt8QkMode)) {
-    const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
-    const int r = c.qt * kBlockM + row, last = p.seqlen_q - 1;
-    return RowMult{__ldg(dq + min(r, last)), __ldg(dq + min(r + 8, last))};
+    return RowMult{int8_row_q_descale(p, c, row), int8_row_q_descale(p, c, row + 8)};
   } else {
     return p.q_descale[(c.b * p.heads + c.h) * p.num_q_tiles + c.qt];
   }
@@ -33,8 +35,8 @@ __device__ __forceinline__ RowMult q_multiplier(const KernelParams& p, RowMult d
   return RowMult{p.qk_multiplier * dq.lo, p.qk_multiplier * dq.hi};
 }
 
-// INT8: the largest Q multiplier of the warpgroup's 64 rows (rows past seqlen_q read the last row's, as in
-// q_descales), the same in its four warps: redux.sync gives every warp the lanes' maximum in a uniform register.
+// INT8: the largest Q multiplier of the warpgroup's 64 rows (int8_row_q_descale's clamp), the same in its four
+// warps: redux.sync gives every warp the lanes' maximum in a uniform register.
 // tile_may_be_huge's decision picks the steps that issue the warpgroup's wgmma, so all four warps must take it
 // alike; with each warp's own rows one warp could take the general step while the others took the grouped ones
 // (an illegal instruction at the wgmma). Descales are >= 0, so their bits order as the floats (NaN and -0 count
@@ -42,9 +44,8 @@ __device__ __forceinline__ RowMult q_multiplier(const KernelParams& p, RowMult d
 template <int kMode>
 __device__ __forceinline__ float warpgroup_max_q_multiplier(const KernelParams& p, const TileCoord& c, int wg_row0) {
   static_assert(has_mode<kMode>(kInt8QkMode), "E4M3 Q has one descale per tile");
-  const float* dq = p.q_descale + (int64_t(c.b) * p.heads + c.h) * p.seqlen_q;
-  const int r = c.qt * kBlockM + wg_row0 + (threadIdx.x & 31), last = p.seqlen_q - 1;
-  float m = fmaxf(__ldg(dq + min(r, last)), __ldg(dq + min(r + 32, last)));
+  const int row = wg_row0 + (threadIdx.x & 31);
+  float m = fmaxf(int8_row_q_descale(p, c, row), int8_row_q_descale(p, c, row + 32));
   m = m > 0.0f ? m : 0.0f;
   return p.qk_multiplier * __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(m)));
 }
