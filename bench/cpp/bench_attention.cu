@@ -2,7 +2,7 @@
 // inputs, each captured in a CUDA graph and replayed; medians over rounds. The product benchmark with
 // anchors is open-vc-attn-bench; this tool is for quick kernel A/B runs on the device.
 // Usage: openvc_bench_attention [S] [H] [B] [rounds] [mid_window_blocks]
-//        [variants|prev|repair|int8|split|prep|onecall|packed]
+//        [variants|prev|repair|int8|split|prep|onecall|packed|split-tiles]
 //        [causal|int8|int8-causal|int8-exp2|int8-exp2-causal|varlen|varlen-causal|keys] ("packed causal": causal;
 //        "onecall packed": the one call and the step-wise call on the B sequences packed)
 // ("prev causal|int8|int8-causal|int8-exp2[-causal]|varlen|varlen-causal|keys": those instantiations of
@@ -430,6 +430,36 @@ int main(int argc, char** argv) {
     std::printf("onecall%s S=%d Sk=%d H=%d B=%d: one-call %.1f TFLOP/s, step-wise %.1f TFLOP/s (medians); step-wise / "
                 "one-call time %.4f (paired median of %d)\n", as_packed ? " packed" : "", S, Sk, H, B,
                 flop / t.median_a * 1e-9, flop / t.median_b * 1e-9, t.median_ratio, rounds);
+    CHECK_CUDA(cudaFree(wc));
+  }
+  if (argc > 6 && std::string(argv[6]) == "split-tiles") {
+    // The one call with split tiles (AttentionCall::tile_split kOn; numerics section 5, "Split tiles") against
+    // whole tiles (kOff), interleaved rounds, paired ratios; and what the planner's model would choose (kAuto).
+    if (Sk != S || ap.causal) std::exit((std::fprintf(stderr, "split-tiles: Sk = S, not causal\n"), 2));
+    openvc::AttentionCall c;
+    c.heads = H, c.head_dim = D, c.batch = B, c.seqlen_q = S, c.seqlen_k = Sk;
+    c.q = pp.q, c.k = pp.k, c.v = pp.v, c.mid_window_blocks = window;
+    c.out = out, c.out_stride_batch = ap.out_stride_batch, c.out_stride_seq = ap.out_stride_seq;
+    c.out_stride_head = ap.out_stride_head;
+    openvc::AttentionCall whole = c;
+    c.tile_split = openvc::TileSplit::kOn, whole.tile_split = openvc::TileSplit::kOff;
+    const size_t wcb = openvc::attention_workspace_bytes(c);
+    void* wc;
+    CHECK_CUDA(cudaMalloc(&wc, wcb));
+    int dev = 0, sms = 0;
+    CHECK_CUDA(cudaGetDevice(&dev));
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const long long tiles = (long long)B * H * ((S + 127) / 128), nk = (Sk + 127) / 128;
+    std::printf("split-tiles S=%d H=%d B=%d: %lld tiles of %lld key blocks, %d SMs (split where tiles * blocks / SMs "
+                ">= blocks)\n", S, H, B, tiles, nk, sms);
+    const PairedTimes t = paired_rounds([&] { CHECK_OK(openvc::attention(c, wc, wcb, s)); },
+                                        [&] { CHECK_OK(openvc::attention(whole, wc, wcb, s)); }, s, rounds, reps);
+    for (int r = 0; r < rounds; ++r)
+      std::printf("  split-tiles round %d: split %.3f ms %.1f TFLOP/s, whole tiles %.3f ms %.1f TFLOP/s (%.4f)\n", r, t.a[r],
+                  flop / t.a[r] * 1e-9, t.b[r], flop / t.b[r] * 1e-9, t.b[r] / t.a[r]);
+    std::printf("split-tiles S=%d H=%d B=%d: split %.1f TFLOP/s, whole tiles %.1f TFLOP/s (medians); whole / split time "
+                "%.4f (paired median of %d)\n", S, H, B, flop / t.median_a * 1e-9, flop / t.median_b * 1e-9,
+                t.median_ratio, rounds);
     CHECK_CUDA(cudaFree(wc));
   }
   if (argc > 6 && std::string(argv[6]) == "prep") {

@@ -17,6 +17,13 @@
 
 namespace openvc {
 
+// Split tiles (numerics section 5, "Split tiles"): batched E4M3 head-dim-128 calls without causal, key counts, key
+// block lists, K smoothing or chunks, whose Q the kernel quantizes, may deal the launch's key blocks to the SMs in
+// contiguous ranges instead of whole tiles, so that the last wave leaves no SM idle (a cut tile's two parts are
+// folded; their codes are against each part's own max). kAuto: where the planner's model says it pays (in this
+// version not yet: kOff until measured on the GPU); kOn: wherever the call allows it; kOff: whole tiles.
+enum class TileSplit { kAuto, kOff, kOn };
+
 struct AttentionCall {
   DType dtype = DType::kBFloat16;   // of q, k and v alike
   int heads = 0, head_dim = kHeadDim;
@@ -48,6 +55,9 @@ struct AttentionCall {
   // causal or seqused_k, on either path (the same blocks and order).
   KeyBlockList blocks;
   int causal_chunk = 1;             // chunked causal (attention.h, AttentionParams::causal_chunk); with causal
+  // Split tiles (above). Where a call may split, the workspace holds the parts' partials (about 19 MB at 132 SMs:
+  // the current device's SM count sizes it). Last, so that positional initializers stay valid.
+  TileSplit tile_split = TileSplit::kAuto;
 };
 
 enum class AttentionPath { kFast, kGeneral };
@@ -59,7 +69,8 @@ enum class AttentionPath { kFast, kGeneral };
 Status attention_path(const AttentionCall& call, int device, AttentionPath* path, std::string* reason = nullptr);
 
 // Workspace bytes of openvc::attention for this call (the prepared Q/K/V codes and descales, preparation's
-// scratch and, with k_smoothing and an LSE, the LSE term); pointers are not read.
+// scratch, with k_smoothing and an LSE the LSE term, and where the call may split tiles their partials, sized for
+// the current device); pointers are not read.
 size_t attention_workspace_bytes(const AttentionCall& call);
 
 // Prepares q, k, v into `workspace` (256-byte aligned, attention_workspace_bytes(call) bytes) and attends,

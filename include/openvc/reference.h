@@ -195,7 +195,18 @@ struct AttentionOptions {
   // key j of (s, h) weighs decode(V8_j) * v_block_descale[(s * H + h) * max_blocks + j / 128] and the output
   // takes no head descale (numerics section 4). Not with repair rows. Last, as above.
   const float* v_block_descale = nullptr;
+  // Split tiles (numerics section 5, "Split tiles"; the kernel's kSplitTilesMode): > 0 deals the key blocks of
+  // the last query tiles ((sequence, head, query tile) order; split_cuts says which) to this many CTAs in
+  // contiguous ranges, and computes a tile cut by a range boundary in parts (each with its own running max from
+  // -inf), combined at the end. Batched calls (every sequence the same lengths), not causal, without key block lists,
+  // repair rows or V block descales; query_tile 128. 0: no split. Last, as above.
+  int split_ctas = 0;
 };
+// Order positions at which split_ctas CTA ranges cut tile `tile` of `n` key blocks (ascending, each in (0, n);
+// numerics section 5, "Split tiles"): the first head = tiles - (ctas + tiles mod ctas) tiles (0 when tiles < 2
+// ctas) are whole; the others' (tile, position) pairs are units numbered (tile - head) * n + position, and CTA c
+// takes units [c q + min(c, r), (c + 1) q + min(c + 1, r)) with q = units / ctas, r = units % ctas.
+std::vector<int> split_cuts(int64_t tile, int n, int64_t tiles, int64_t ctas);
 
 // Repair rows of section 6, per (sequence, head): the selected token indices (largest residual
 // energy first, ties by lower index) and their E4M3 residual codes with the V scale.

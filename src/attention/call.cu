@@ -1,17 +1,19 @@
 // openvc::attention (call.h): one call from BF16/FP16 q, k, v. The path is chosen once (attention_path);
-// the workspace holds the prepared arrays, preparation's scratch and the smoothing LSE term, carved in one
-// fixed order that attention_workspace_bytes sizes; then prepare_fp8 and the chosen attention entry run on
+// the workspace holds the prepared arrays, preparation's scratch, the smoothing LSE term and split tiles' partials,
+// carved in one fixed order that attention_workspace_bytes sizes; then prepare_fp8 and the chosen attention entry run on
 // the caller's stream, and with k_smoothing and an LSE one small kernel adds softmax_scale * q . mean(K).
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "attention/shared_rules.h"
+#include "attention/sm90/config.h"
 #include "attention/sm90/launch.h"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
 #include "openvc/call.h"
 #include "openvc/general.h"
+#include "prepare/prepare_internal.h"
 
 namespace openvc {
 namespace {
@@ -34,10 +36,28 @@ Shape shape_of(const AttentionCall& c) {
 // Byte offsets of the workspace parts (prepared arrays as attention.h lays them out, then prepare's
 // scratch, then the LSE term), and the total.
 struct Layout {
-  size_t q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, prep, q_dot_k_mean, total;
-  size_t prep_bytes;
+  size_t q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, prep, q_dot_k_mean, split, total;
+  size_t prep_bytes, split_bytes;
+  int split_grid;   // > 0: the call may split tiles (split_grid CTAs at most: the device's SMs)
 };
 bool wants_lse_term(const AttentionCall& c) { return c.k_smoothing && c.lse != nullptr; }
+
+// The calls that may run split tiles (call.h, TileSplit; sm90::split_tiles_eligible decides on the plan): the
+// one-call path's fused-Q batched E4M3 head-dim-128 plain calls, unless turned off (kAuto: config.h's
+// kSplitTilesByDefault). The current device's SM count, or 0.
+int split_tiles_grid(const AttentionCall& c) {
+  const bool wanted = c.tile_split == TileSplit::kOn || (c.tile_split == TileSplit::kAuto && sm90::kSplitTilesByDefault);
+  if (!wanted || packed(c) || c.seqused_k != nullptr || c.causal || c.head_dim != 128 || c.qk_format != QkFormat::kE4M3 ||
+      c.k_smoothing || c.p_format != PFormat::kExpCast || has_block_list(c.blocks) || c.causal_chunk > 1)
+    return 0;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();   // no device here: no split (the call itself reports the missing device)
+    return 0;
+  }
+  return sms;
+}
 Layout layout_of(const AttentionCall& c) {
   const Shape s = shape_of(c);
   const int64_t gh = s.groups * c.heads, nq = num_quant_blocks(s.sq), nk = num_quant_blocks(s.sk);
@@ -60,6 +80,9 @@ Layout layout_of(const AttentionCall& c) {
   // The LSE's layout: [B, H, Sq] batched, [H, total_q] packed.
   l.q_dot_k_mean = part(wants_lse_term(c) ? size_t(c.heads) * (packed(c) ? s.rows_q : s.groups * s.sq) * sizeof(float)
                                           : 0);
+  l.split_grid = split_tiles_grid(c);
+  l.split_bytes = l.split_grid > 0 ? sm90::split_tiles_workspace_bytes(l.split_grid) : 0;
+  l.split = part(l.split_bytes);
   l.total = at;
   return l;
 }
@@ -174,7 +197,12 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   const bool fused_q = path == AttentionPath::kFast && c.qk_format == QkFormat::kE4M3 && !c.k_smoothing &&
                        c.causal_chunk <= 1 && !has_block_list(c.blocks) && tma_readable_q(c);
   if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
-  OPENVC_RETURN_IF_ERROR(prepare_fp8(p, stream));
+  PrepareExtras extras;   // split tiles' arrival counts, zero before the kernel (sm90/split.cuh)
+  if (l.split_grid > 0) {
+    extras.zero_words = at<int>(workspace, l.split + sm90::split_tiles_arrivals_offset(l.split_grid));
+    extras.zero_count = sm90::split_tiles_arrival_words(l.split_grid);
+  }
+  OPENVC_RETURN_IF_ERROR(prepare_fp8(p, extras, stream));
 
   Fp8Inputs in;
   in.batch = c.batch, in.seqlen_q = c.seqlen_q, in.seqlen_k = c.seqlen_k, in.heads = c.heads, in.head_dim = c.head_dim;
@@ -195,6 +223,10 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     // The preparation launched just before (its first kernel normally, after whatever wrote Q): the kernel may
     // quantize its first Q tile before it waits for the preparation's last grid.
     plan.kp.q_before_prior_grid = fused_q;
+    // The plan's grid is at most the SM count the workspace was sized for.
+    if (l.split_grid > 0 && plan.grid <= l.split_grid && sm90::split_tiles_eligible(plan) &&
+        (c.tile_split == TileSplit::kOn || sm90::split_tiles_pay(plan)))
+      OPENVC_RETURN_IF_ERROR(sm90::use_split_tiles(&plan, at<void>(workspace, l.split), l.split_bytes));
     OPENVC_RETURN_IF_ERROR(sm90::launch_plan(plan, stream));
   } else {
     GeneralAttentionParams g;

@@ -100,6 +100,12 @@ __device__ __forceinline__ void write_q_dot_k_mean(const QkArgs& args, const Seq
   }
 }
 
+// QkArgs::zero_words, by the first CTA.
+__device__ __forceinline__ void zero_words(const QkArgs& args) {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    for (int i = threadIdx.x; i < args.zero_count; i += blockDim.x) args.zero_words[i] = 0;
+}
+
 // ---- (1) Q and K per-block quantization -----------------------------------------------------------
 // Blocks [0, nq) of each (batch, head) are Q's, [nq, nq + nk) K's. kSmooth: K is smoothed with
 // args.k_mean (padding tokens are left out of the amax explicitly: 0 - mean is not 0). kCache (never with
@@ -118,6 +124,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
   allow_dependent_launch();   // v_amax_kernel may start (it waits for this grid before its atomics)
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  zero_words(args);
   const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
   float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
   const SeqSpan span = seq_span(s.in, c.b);
@@ -254,6 +261,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = blk * kBlockTokens;
   allow_dependent_launch();   // as in quantize_qk_kernel
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  zero_words(args);
   const SeqSpan span = seq_span(s.in, c.b);
   const int t = threadIdx.x / kC;
   const int sub = threadIdx.x % kC;

@@ -9,6 +9,7 @@
 #include "common/pdl.cuh"
 #include "openvc/attention.h"
 #include "prepare/kernels.cuh"
+#include "prepare/prepare_internal.h"
 #include "prepare/smoothing.cuh"
 
 namespace openvc {
@@ -247,7 +248,7 @@ prepare::CacheArgs cache_args(const PrepareParams& p, int sk, int nk) {
 }
 
 template <typename T, int D>
-Status launch(const PrepareParams& p, cudaStream_t stream) {
+Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t stream) {
   auto* v_amax = static_cast<uint32_t*>(p.workspace);
   const Dims d = dims_of(p);
   const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
@@ -275,6 +276,8 @@ Status launch(const PrepareParams& p, cudaStream_t stream) {
   qk.v_amax = v_amax;
   qk.k_mean = k_mean;
   qk.q_dot_k_mean = p.q_dot_k_mean;
+  qk.zero_words = extras.zero_words;
+  qk.zero_count = extras.zero_words != nullptr ? extras.zero_count : 0;
   const bool cache = uses_cache_fields(p);
   if (cache) qk.cache = cache_args(p, d.sk, qk.side[1].nblocks);
   const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
@@ -311,7 +314,13 @@ size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_s
 }
 
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream) {
+  return prepare_fp8(params, PrepareExtras{}, stream);
+}
+
+Status prepare_fp8(const PrepareParams& params, const PrepareExtras& extras, cudaStream_t stream) {
   OPENVC_RETURN_IF_ERROR(validate(params));
+  if (extras.zero_count < 0 || (extras.zero_count > 0 && (extras.zero_words == nullptr || !aligned(extras.zero_words, 4))))
+    return Status::Invalid("prepare_fp8: extras.zero_words must be a 4-byte aligned array of zero_count >= 0 words");
   int device = 0;
   OPENVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   if (!device_supports_sm90a(device))
@@ -319,8 +328,8 @@ Status prepare_fp8(const PrepareParams& params, cudaStream_t stream) {
                                " is not compute capability 9.0 (the kernels are built for sm_90a only)");
   const bool bf16 = params.dtype == DType::kBFloat16;
   if (params.head_dim == 128)
-    return bf16 ? launch<prepare::Bf16, 128>(params, stream) : launch<prepare::F16, 128>(params, stream);
-  return bf16 ? launch<prepare::Bf16, 64>(params, stream) : launch<prepare::F16, 64>(params, stream);
+    return bf16 ? launch<prepare::Bf16, 128>(params, extras, stream) : launch<prepare::F16, 128>(params, extras, stream);
+  return bf16 ? launch<prepare::Bf16, 64>(params, extras, stream) : launch<prepare::F16, 64>(params, extras, stream);
 }
 
 }  // namespace openvc

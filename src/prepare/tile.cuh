@@ -104,6 +104,10 @@ struct QkArgs {
   const float* k_mean;  // [B, H, D] K smoothing means (smoothing.cuh), read by the kSmooth kernels only
   float* q_dot_k_mean;  // kSmooth: optional q_i . mean(K) per query row in the LSE's layout (null: none)
   CacheArgs cache;      // the K side of the kCache kernels only
+  // Words CTA 0 sets to 0 (prepare_internal.h: the one-call path's split-tile counts, zero before the attention
+  // kernel that follows the preparation reads them); null: none.
+  int* zero_words;
+  int zero_count;
 };
 
 struct VArgs {

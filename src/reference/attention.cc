@@ -123,6 +123,11 @@ Status check_options(const AttentionOptions& opt) {
   if (opt.causal_chunk < 1 || (opt.causal_chunk != 1 && !opt.causal))
     return Status::Invalid("opt.causal_chunk: must be >= 1, and != 1 only with causal, got " +
                            std::to_string(opt.causal_chunk));
+  if (opt.split_ctas < 0) return Status::Invalid("opt.split_ctas: must be >= 0, got " + std::to_string(opt.split_ctas));
+  if (opt.split_ctas > 0 && (opt.causal || opt.key_blocks != nullptr || opt.v_block_descale != nullptr ||
+                             opt.query_tile != kQuantBlock))
+    return Status::Unsupported("opt.split_ctas: split tiles take non-causal calls with query_tile 128, without key "
+                               "block lists or V block descales");
   if (!std::isfinite(opt.softmax_scale)) {
     return Status::Invalid("opt.softmax_scale: must be finite (<= 0 selects 1/sqrt(D)), got " +
                            std::to_string(opt.softmax_scale));
@@ -141,6 +146,22 @@ struct RowState {
   double l = 0.0;     // sum of decoded codes
   double* A = nullptr;  // [D] sum of decoded code * decoded V8 (descale_V applied at the end)
 };
+
+// Split tiles (numerics section 5): row state `part` (one part of a tile's key order) folded into `into`, the
+// parts before it: both brought to the larger max with the kernel's FP32 factors, sums in double.
+void fold_part(RowState& into, const RowState& part, int D) {
+  if (!std::isfinite(part.m)) return;   // the part saw no key of this row
+  if (!std::isfinite(into.m)) {
+    into.m = part.m, into.l = part.l;
+    for (int c = 0; c < D; ++c) into.A[c] = part.A[c];
+    return;
+  }
+  const float m = std::max(into.m, part.m);
+  const double a = std::exp2((into.m - m) / 8.0f), b = std::exp2((part.m - m) / 8.0f);
+  into.m = m;
+  into.l = into.l * a + part.l * b;
+  for (int c = 0; c < D; ++c) into.A[c] = into.A[c] * a + part.A[c] * b;
+}
 
 // One (sequence, head) group: all of its query tiles, key blocks and repair rows.
 int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, int h, float tau,
@@ -197,6 +218,10 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const int tile_rows = static_cast<int>(std::min<int64_t>(opt.query_tile, sq));  // storage only
   std::vector<double> A_buf(static_cast<size_t>(tile_rows) * D);
   std::vector<RowState> rows(tile_rows);
+  // Split tiles: the parts before the current one, folded (fold_part).
+  const int64_t nq_tiles = (sq + opt.query_tile - 1) / opt.query_tile;
+  std::vector<double> folded_A(opt.split_ctas > 0 ? A_buf.size() : 0);
+  std::vector<RowState> folded(opt.split_ctas > 0 ? tile_rows : 0);
   std::vector<double> sums0(bt), sums1(bt);
   std::vector<float> acc(bt);
   std::vector<double> pv_p;           // nonzero decoded codes of one row and block ...
@@ -217,7 +242,24 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         : opt.causal ? key_block_order(nv - 1, nv, opt.mid_window_blocks)
                      : key_block_order(diagonal_block(r0, sq, sk, bt), n, opt.mid_window_blocks);
 
-    for (int b : order) {
+    // Split tiles: the order positions where a new part starts (its rows' state from scratch).
+    const std::vector<int> cuts =
+        opt.split_ctas > 0 ? split_cuts((int64_t(s) * H + h) * nq_tiles + r0 / opt.query_tile, n,
+                                        int64_t(in.q_seqs.count()) * H * nq_tiles, opt.split_ctas)
+                           : std::vector<int>();
+    for (int r = 0; r < static_cast<int>(folded.size()); ++r)
+      folded[r] = RowState{kNegInf, 0.0, &folded_A[static_cast<size_t>(r) * D]};
+    auto fold_rows = [&] {
+      for (int r = 0; r < nrows; ++r) {
+        fold_part(folded[r], rows[r], D);
+        rows[r].m = kNegInf, rows[r].l = 0.0;
+        std::fill(rows[r].A, rows[r].A + D, 0.0);
+      }
+    };
+    size_t next_cut = 0;
+    for (size_t pos = 0; pos < order.size(); ++pos) {
+      if (next_cut < cuts.size() && int(pos) == cuts[next_cut]) fold_rows(), ++next_cut;
+      const int b = order[pos];
       const int64_t j0 = static_cast<int64_t>(b) * bt, j1 = std::min<int64_t>(j0 + bt, sk);
       // One row's step of the online softmax on block b, given its exact dot products.
       auto row_step = [&](int r, const std::vector<double>& sums) {
@@ -267,6 +309,14 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         internal::block_dots2(&Q[(r0 + r) * D], &Q[(r0 + r1) * D], panels, D, sums0.data(), sums1.data());
         row_step(r, sums0);
         if (r1 != r) row_step(r1, sums1);
+      }
+    }
+
+    if (!cuts.empty()) {   // the last part folded too; the tile's rows are the folded states
+      fold_rows();
+      for (int r = 0; r < nrows; ++r) {
+        rows[r].m = folded[r].m, rows[r].l = folded[r].l;
+        std::copy(folded[r].A, folded[r].A + D, rows[r].A);
       }
     }
 
@@ -354,6 +404,13 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
       return Status::Invalid("opt.key_blocks: batch must be 1 or " + std::to_string(nseq) + ", heads 1 or " +
                              std::to_string(H) + ", q_tiles >= " + std::to_string(q_tiles));
     if (in.repair != nullptr) return Status::Unsupported("opt.key_blocks: key block lists do not take repair rows");
+  }
+  if (opt.split_ctas > 0) {   // the plan numbers tiles as a batch of equal sequences does
+    if (in.repair != nullptr) return Status::Unsupported("opt.split_ctas: split tiles do not take repair rows");
+    for (int s = 1; s < nseq; ++s)
+      if (in.q_seqs.length(s) != in.q_seqs.length(0) || in.k_seqs.length(s) != in.k_seqs.length(0))
+        return Status::Unsupported("opt.split_ctas: split tiles take batched calls (every sequence the same "
+                                   "query and key lengths)");
   }
   res->out.assign(static_cast<size_t>(in.q_seqs.total_tokens()) * H * D, 0.0f);
   // Rows past a shorter sequence's end have no softmax: -inf like an empty log-sum-exp.

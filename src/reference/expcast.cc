@@ -116,6 +116,22 @@ int diagonal_block(int64_t first_query_row, int64_t sq, int64_t sk, int key_tile
   return static_cast<int>(first_query_row * sk / sq / key_tile);
 }
 
+// Invalid arguments (n < 1, tiles < 1, ctas < 1, tile outside [0, tiles)) give no cut.
+std::vector<int> split_cuts(int64_t tile, int n, int64_t tiles, int64_t ctas) {
+  std::vector<int> cuts;
+  if (n < 1 || tiles < 1 || ctas < 1 || tile < 0 || tile >= tiles) return cuts;
+  const int64_t head = tiles < 2 * ctas ? 0 : tiles - (ctas + tiles % ctas);   // whole tiles, round robin
+  if (tile < head) return cuts;
+  const int64_t units = (tiles - head) * n, q = units / ctas, r = units % ctas;
+  const int64_t u0 = (tile - head) * n, u1 = u0 + n;
+  for (int64_t c = 1; c < ctas; ++c) {   // every range start inside (u0, u1); few ranges, so a plain scan
+    const int64_t begin = c * q + std::min(c, r);
+    if (begin > u0 && begin < u1) cuts.push_back(static_cast<int>(begin - u0));
+    if (begin >= u1) break;
+  }
+  return cuts;
+}
+
 int64_t causal_key_limit(int64_t row, int64_t sq, int64_t sk, int causal_chunk) {
   const int64_t f = std::max<int64_t>(causal_chunk, 1), p = row + (sk - sq);
   const int64_t chunk = p >= 0 ? p / f : -((-p + f - 1) / f);   // floor(p / F)

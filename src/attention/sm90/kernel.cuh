@@ -1,8 +1,9 @@
 // The sm_90a ExpCast attention kernel: one producer warpgroup (TMA, registers handed back) and two
 // consumer warpgroups (QK^T and PV on the tensor cores, ExpCast in between), persistent over
-// (sequence, head, 128-row query tile). Arithmetic: docs/numerics.md sections 2-5, 9 (INT8 Q/K) and 10
-// (exp2 P). Template arguments: the production Mode bits (mode.h: plain, repair, VC, causal, varlen,
-// head dim 64, INT8 Q/K, exp2 P, key block lists; the combinations built are kProductionModes) and a timing Probe
+// (sequence, head, 128-row query tile), or (kSplitTilesMode) over ranges of their key blocks. Arithmetic:
+// docs/numerics.md sections 2-5, 9 (INT8 Q/K) and 10 (exp2 P). Template arguments: the production Mode bits
+// (mode.h: plain, repair, VC, causal, varlen, head dim 64, INT8 Q/K, exp2 P, key block lists, Q quantized here,
+// few keys, split tiles; the combinations built are kProductionModes) and a timing Probe
 // (probes.h, bench only; kNoProbe in the library).
 #pragma once
 #include <cuda.h>
@@ -25,6 +26,7 @@
 #include "attention/sm90/probes.h"
 #include "attention/sm90/row_max.cuh"
 #include "attention/sm90/softmax.cuh"
+#include "attention/sm90/split.cuh"
 #include "attention/sm90/tiles.cuh"
 #include "attention/sm90/traversal.h"
 #include "common/pdl.cuh"
@@ -218,10 +220,18 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   const uint64_t desc_q = sw_kmajor_desc<C::kRowBytes>(sh.q + 64 * wg * kD);
   RingState<C::kStages> ring;
   int iter = 0;
-  for (int tile = first_work<kMode>(p, ts); tile < ts.count; tile = next_work<kMode>(tile, p, ts)) {
-    const TileWork w = uniform_tile_work<kMode>(tile, p, ts);
+  // kSplit: `tile` is a cursor over this CTA's whole head tiles, then its range of tail units (split.cuh).
+  constexpr bool kSplit = has_mode<kMode>(kSplitTilesMode);
+  const int split_end = kSplit ? split_stop(p) : 0;
+  int next_piece = 0;
+  for (int tile = kSplit ? split_start(p) : first_work<kMode>(p, ts);
+       kSplit ? tile < split_end : tile < ts.count; tile = kSplit ? next_piece : next_work<kMode>(tile, p, ts)) {
+    TileSegment seg{};
+    if constexpr (kSplit) seg = split_segment(p, tile, split_end), next_piece = seg.next;
+    const TileWork w = kSplit ? piece_work<kMode>(seg.tile, seg.first, seg.count, p, ts) : uniform_tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     const int n = w.n;
+    const int first = kSplit ? w.first : 0;   // the order position of step 0
     // The tile's visiting order of key blocks (block lists: of list positions, which consumer_block maps to
     // blocks). A reference and a pointer, not a lambda capturing the tile: with the lambda, ptxas laid out the
     // modes without lists differently from before the lists existed (same speed, other SASS).
@@ -284,7 +294,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     }
     // First block: QK^T only (the peeled iteration keeps the steady-state loop free of branches
     // around the asynchronous tensor-core work).
-    int blk = consumer_block<kMode>(w.blocks, order(0), p.num_k_blocks);
+    int blk = consumer_block<kMode>(w.blocks, order(first), p.num_k_blocks);
     TxBarrier::wait(&sh.k_full[ring.stage], ring.phase);
     issue_order.before();
     if constexpr (kQRegs) issue_qk_rs<kD>(q_regs, sw_kmajor_desc<C::kRowBytes>(sh.k[ring.stage]), s);
@@ -319,7 +329,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     // INT8: this thread's two key-group descales (groups t and t + 4) of the block.
     using KDescale = std::conditional_t<kInt8, KGroupPair, float>;
     KDescale kd_next =
-        n > 1 ? prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(1), p.num_k_blocks), t)
+        n > 1 ? prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(first + 1), p.num_k_blocks), t)
               : KDescale{};
 
     // Issue of one key block: QK^T of the ring's current K tile and PV of the previous tile's codes,
@@ -348,11 +358,11 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
       constexpr int kFlush = decltype(flush_kind)::value;
       // Causal full steps run to the last block, so they test for it (and for the prefetch bound).
       constexpr bool kMaybeLast = kMaybePartial || kCausal;
-      blk = consumer_block<kMode>(w.blocks, order(i), p.num_k_blocks);
+      blk = consumer_block<kMode>(w.blocks, order(first + i), p.num_k_blocks);
       const float dv_blk = kVScale ? __ldg(vd + blk) : 1.0f;
       const KDescale kd_blk = kd_next;
       if (!kMaybeLast || i + 1 < n)
-        kd_next = prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(i + 1), p.num_k_blocks), t);
+        kd_next = prefetch_k_descale<kInt8>(kd, consumer_block<kMode>(w.blocks, order(first + i + 1), p.num_k_blocks), t);
       issue_block(kMaybeLast && i == n - 1 && !kRepair);
       // a' = 2^-24 * 8 log2e tau dq dk in the reference's operation order (numerics section 3; INT8:
       // ((qk_multiplier * dq_row) * dk_group), one per row and half, section 9).
@@ -440,6 +450,9 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     if constexpr (kRepair) accumulate_numerator(st);
     else flush_partial<kMode>(st, sh, prev.stage, t, dv_p);
     if constexpr (kVc) release(&sh.v_empty[prev.stage]);
+    // A part of a cut tile: the second part to end folds both and stores the tile.
+    if constexpr (kSplit)
+      if (seg.part >= 0 && !split_exchange<kD>(st, p, seg.slot, seg.part, 4 * wg + warp_in_wg, lane)) continue;
     store_output<kMode>(st, p, w, row_base, g, t);
   }
   // Tiles whose rows see no key (causal with Sq > Sk, empty key sequences): output 0, lse -inf. After the

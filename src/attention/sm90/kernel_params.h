@@ -59,6 +59,13 @@ struct KernelParams {
   // kernel is launched normally (prepare.cu, launch_qk). The CTAs then load and quantize their first tile's Q
   // before they wait for the grid before them (pdl.cuh), under its drain.
   bool q_before_prior_grid;
+  // kSplitTilesMode (split.cuh; numerics section 5, "Split tiles"): the first split_head_tiles tiles go round robin
+  // whole; CTA c then takes units [c q + min(c, r), ...) of the other tiles' key blocks (q = split_q >= num_k_blocks,
+  // r = split_r < grid); a cut tile's two parts meet in split_partials (split_partials_floats(grid) floats) and
+  // split_arrivals ([grid][8], zero at launch).
+  int split_head_tiles, split_q, split_r;
+  float* split_partials;
+  int* split_arrivals;
 };
 
 }  // namespace openvc::sm90

@@ -13,6 +13,7 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/expcast.cuh"
 #include "attention/sm90/launch.h"
+#include "attention/sm90/split.cuh"
 #include "attention/sm90/traversal.h"
 #include "common/alignment.h"
 #include "common/cuda_check.h"
@@ -402,6 +403,59 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.causal_snake = params.causal && !varlen && causal_snake_pays(seqs, h, sq, sk, params.causal_chunk, pl.grid);
   kp.compact_tiles = sh.packed && seqs <= kMaxCompactSeqs;   // tiles.cuh
   if (sh.packed && params.total_q == 0) pl.grid = 0;   // no query row at all
+  return Status::Ok();
+}
+
+namespace {
+int64_t round_up_256(int64_t x) { return (x + 255) / 256 * 256; }
+// Split tiles' dealing (split.cuh): the tiles of whole waves before the last one to two go round robin, whole.
+int64_t split_head_tiles(int64_t tiles, int64_t grid) { return tiles < 2 * grid ? 0 : tiles - (grid + tiles % grid); }
+}  // namespace
+
+size_t split_tiles_arrivals_offset(int grid) {
+  return size_t(round_up_256(split_partials_floats<128>(grid) * int64_t(sizeof(float))));
+}
+int split_tiles_arrival_words(int grid) { return grid * 4 * kConsumerWarpgroups; }
+size_t split_tiles_workspace_bytes(int grid) {
+  return split_tiles_arrivals_offset(grid) + size_t(round_up_256(int64_t(split_tiles_arrival_words(grid)) * 4));
+}
+
+bool split_tiles_eligible(const LaunchPlan& plan) {
+  const int64_t tiles = plan.kp.num_tiles, n = plan.kp.num_k_blocks, grid = plan.grid;
+  const int64_t head = split_head_tiles(tiles, grid);
+  // tail >= grid tiles, so every range holds at least n units; cursors (head tiles + tail units) in 32 bits
+  return (plan.mode == kFusedQMode || plan.mode == (kFusedQMode | kFewKeysMode)) && grid > 1 && tiles >= grid &&
+         head + (tiles - head) * n < INT32_MAX;
+}
+
+bool split_tiles_pay(const LaunchPlan& plan) {
+  if (!split_tiles_eligible(plan)) return false;
+  const int64_t n = plan.kp.num_k_blocks, tiles = plan.kp.num_tiles, grid = plan.grid;
+  const int64_t tail = tiles - split_head_tiles(tiles, grid);
+  // The same head waves either way: whole tiles give the tail ceil(tail / grid) waves, split ones the busiest
+  // range (ceil(tail n / grid) units) in at most ceil(units / n) + 1 pieces (a cut tile at each end).
+  const double whole = double((tail + grid - 1) / grid) * (double(n) + kTileFixedBlocks);
+  const int64_t longest = (tail * n + grid - 1) / grid, pieces = (longest + n - 1) / n + 1;
+  const double split = double(longest) + double(pieces) * kTileFixedBlocks + 2.0 * kSplitExchangeBlocks;
+  const double head_time = double(split_head_tiles(tiles, grid) / grid) * (double(n) + kTileFixedBlocks);
+  return head_time + split < (1.0 - kSplitMinGain) * (head_time + whole);
+}
+
+Status use_split_tiles(LaunchPlan* plan, void* workspace, size_t workspace_bytes) {
+  if (plan == nullptr || !split_tiles_eligible(*plan))
+    return Status::Invalid("use_split_tiles: the plan cannot run split tiles (split_tiles_eligible)");
+  if (workspace == nullptr || !aligned(workspace, 256) || workspace_bytes < split_tiles_workspace_bytes(plan->grid))
+    return Status::Invalid("use_split_tiles: workspace must be 256-byte aligned and hold split_tiles_workspace_bytes(" +
+                           str(plan->grid) + ") = " + str(int64_t(split_tiles_workspace_bytes(plan->grid))) + " bytes");
+  KernelParams& kp = plan->kp;
+  const int64_t head = split_head_tiles(kp.num_tiles, plan->grid);
+  const int64_t units = (kp.num_tiles - head) * kp.num_k_blocks;
+  kp.split_head_tiles = int(head);
+  kp.split_q = int(units / plan->grid);
+  kp.split_r = int(units % plan->grid);
+  kp.split_partials = static_cast<float*>(workspace);
+  kp.split_arrivals = reinterpret_cast<int*>(static_cast<char*>(workspace) + split_tiles_arrivals_offset(plan->grid));
+  plan->mode |= kSplitTilesMode;
   return Status::Ok();
 }
 

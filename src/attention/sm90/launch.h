@@ -35,6 +35,20 @@ struct LaunchPlan {
 // selects the VC mode.
 Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, LaunchPlan* plan);
 
+// Split tiles (kSplitTilesMode, split.cuh; numerics section 5, "Split tiles"). The workspace of a launch on `grid`
+// CTAs: the parts' partials, then split_tiles_arrival_words(grid) int32 counts, which must be zero when the kernel
+// starts (the one-call path's preparation zeroes them: prepare_internal.h); 256-byte aligned.
+size_t split_tiles_workspace_bytes(int grid);
+size_t split_tiles_arrivals_offset(int grid);
+int split_tiles_arrival_words(int grid);
+// Whether the plan can run split tiles: a batched E4M3 head-dim-128 plan with Q quantized in the kernel (kFusedQMode,
+// with or without kFewKeysMode), at least a tile per CTA, head tiles + tail units below 2^31 (split.cuh).
+bool split_tiles_eligible(const LaunchPlan& plan);
+// Whether an eligible plan gains from split tiles (config.h's model).
+bool split_tiles_pay(const LaunchPlan& plan);
+// Makes an eligible plan run split tiles over `workspace` (split_tiles_workspace_bytes(plan->grid) bytes).
+Status use_split_tiles(LaunchPlan* plan, void* workspace, size_t workspace_bytes);
+
 // The production kernel of each mode (one generated translation unit per kProductionModes entry) and the
 // dispatch over plan.mode (a compile-time search of kProductionModes).
 template <int kMode>

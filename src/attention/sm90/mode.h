@@ -70,6 +70,11 @@ enum Mode : int {
   // order, so its bits (the varlen, block-list and repair modes give the same bits for the same keys, which a
   // flush every tile, 3% faster at 512 keys, would break).
   kFewKeysMode = 2048,
+  // Split tiles (the one-call path's batched E4M3 head dim 128 calls, with kFusedQMode; split.cuh, numerics
+  // section 5, "Split tiles"): the last one to two waves of tiles are dealt as contiguous ranges of their key blocks
+  // instead of whole tiles, a cut tile's two parts folded through the call's workspace, so that the call ends with
+  // every SM busy (S = 4,096, H = 7: 224 tiles on 132 SMs left 40 SMs idle through the second wave).
+  kSplitTilesMode = 4096,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -129,6 +134,8 @@ inline constexpr int kProductionModes[] = {
     kFusedQMode | kVarlenMode | kCausalMode,
     kFusedQMode | kVarlenMode | kHeadDim64Mode,
     kFusedQMode | kVarlenMode | kHeadDim64Mode | kCausalMode,
+    kSplitTilesMode | kFusedQMode,
+    kSplitTilesMode | kFewKeysMode | kFusedQMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -163,7 +170,7 @@ inline std::string mode_name(int mode) {
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
       {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"},
       {kChunkedCausalMode, "chunked"}, {kFusedQMode, "fused_q"},
-      {kFewKeysMode, "few_keys"}};
+      {kFewKeysMode, "few_keys"}, {kSplitTilesMode, "split"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;

@@ -10,6 +10,7 @@
 #include "attention/sm90/config.h"
 #include "attention/sm90/kernel_params.h"
 #include "attention/sm90/mode.h"
+#include "attention/sm90/split.cuh"
 #include "attention/sm90/tiles.cuh"
 #include "common/pdl.cuh"
 
@@ -49,8 +50,11 @@ struct alignas(1024) SharedStorage {
                     !has_mode<kMode>(Mode(kVcMode | kRepairMode | kInt8QkMode | kExp2PMode | kBlockListMode |
                                           kVBlockDescaleMode | kChunkedCausalMode)),
                 "Q is quantized in the kernel for E4M3 calls, plain or causal, batched or packed, only");
-  static_assert(!has_mode<kMode>(kFewKeysMode) || (kMode & ~(kFewKeysMode | kFusedQMode)) == 0,
+  static_assert(!has_mode<kMode>(kFewKeysMode) || (kMode & ~(kFewKeysMode | kFusedQMode | kSplitTilesMode)) == 0,
                 "the few-keys mode is built for batched E4M3 head dim 128 calls, plain or with Q quantized here");
+  static_assert(!has_mode<kMode>(kSplitTilesMode) ||
+                    (has_mode<kMode>(kFusedQMode) && (kMode & ~(kFewKeysMode | kFusedQMode | kSplitTilesMode)) == 0),
+                "split tiles are built for batched E4M3 head dim 128 calls with Q quantized here (the one-call path)");
   // kFusedQMode (last, so that the other modes' members keep their offsets): the tile's 128 BF16 / FP16 query
   // rows as the TMA brings them (dense rows), and the consumer warps' partial maxima of the tile.
   static constexpr int kQStageBytes = has_mode<kMode>(kFusedQMode) ? C::kBlockM * C::kHeadDim * 2 : 16;
@@ -84,10 +88,19 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
   constexpr bool kVarlen = has_mode<kMode>(kVarlenMode);
   RingState<C::kStages> ring;
   int iter = 0;  // Q tiles loaded (tiles without keys load none)
-  for (int tile = blockIdx.x; tile < ts.count; tile = next_tile<kMode>(tile, p)) {
+  // kSplit: `tile` is a cursor over this CTA's whole head tiles, then its range of tail units (split.cuh).
+  constexpr bool kSplit = has_mode<kMode>(kSplitTilesMode);
+  const int split_end = kSplit ? split_stop(p) : 0;
+  int next_piece = 0;
+  for (int tile = kSplit ? split_start(p) : int(blockIdx.x); kSplit ? tile < split_end : tile < ts.count;
+       tile = kSplit ? next_piece : next_tile<kMode>(tile, p)) {
+    TileSegment seg{};
+    if constexpr (kSplit) seg = split_segment(p, tile, split_end), next_piece = seg.next;
     // Varlen: the tile's sequence ranges come from global loads; made visibly uniform (this thread is lane 0
     // alone), the TMA coordinates derived from them stay in uniform registers instead of moving there per block.
-    const TileWork w = kVarlen ? uniform_tile_work<kMode>(tile, p, ts, 1u) : tile_work<kMode>(tile, p, ts);
+    const TileWork w = kSplit    ? piece_work<kMode>(seg.tile, seg.first, seg.count, p, ts)
+                       : kVarlen ? uniform_tile_work<kMode>(tile, p, ts, 1u)
+                                 : tile_work<kMode>(tile, p, ts);
     const TileCoord& c = w.c;
     if (w.n <= 0) continue;  // the consumers write zeros (or nothing) for it
     Barrier::wait(&sh.q_empty, (iter & 1) ^ 1);

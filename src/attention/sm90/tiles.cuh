@@ -130,6 +130,7 @@ struct TileWork {
   int n;         // key blocks to visit; 0: no visible key (output 0, lse -inf); < 0: no query row here
   KeyOrder order;   // visiting order of key blocks, or of list positions (kBlockListMode)
   const int* blocks = nullptr;   // kBlockListMode: the tile's row of block indices
+  int first = 0;   // kSplitTilesMode: the order position of step 0 (a tail part starts past 0; n is then its count)
 };
 template <int kMode>
 __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, const TileSpace& ts) {
@@ -190,7 +191,7 @@ __device__ __forceinline__ TileWork tile_work(int tile, const KernelParams& p, c
 // order's list position, clamped to [0, nk) so that no index reads outside K, V or the descales.
 template <int kMode>
 __device__ __forceinline__ int key_block(const TileWork& w, int i, int nk) {
-  const int pos = w.order(i);
+  const int pos = w.order(has_mode<kMode>(kSplitTilesMode) ? w.first + i : i);
   if constexpr (has_mode<kMode>(kBlockListMode)) return min(max(__ldg(w.blocks + pos), 0), nk - 1);
   else return pos;
 }
@@ -230,6 +231,15 @@ __device__ __forceinline__ TileWork uniform_tile_work(int tile, const KernelPara
     w.n = __reduce_max_sync(lanes, w.n);
     w.order.j0 = __reduce_max_sync(lanes, w.order.j0);
   }
+  return w;
+}
+
+// kSplitTilesMode: the work of a piece of a tile, order positions [first, first + count) (split.cuh, TileSegment).
+template <int kMode>
+__device__ __forceinline__ TileWork piece_work(int tile, int first, int count, const KernelParams& p, const TileSpace& ts) {
+  TileWork w = tile_work<kMode>(tile, p, ts);
+  w.first = first;
+  w.n = count;
   return w;
 }
 
