@@ -199,7 +199,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   PrepareExtras extras;   // split tiles' arrival counts, zero before the kernel (sm90/split.cuh)
   if (l.split_grid > 0) {
-    extras.zero_words = at<int>(workspace, l.split + sm90::split_tiles_arrivals_offset(l.split_grid));
+    extras.zero_words = at<int>(workspace, l.split);   // the counts lead the split part (sm90/launch.h)
     extras.zero_count = sm90::split_tiles_arrival_words(l.split_grid);
   }
   OPENVC_RETURN_IF_ERROR(prepare_fp8(p, extras, stream));

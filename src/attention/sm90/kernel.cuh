@@ -208,6 +208,8 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
   // Q's codes in registers for the tile (QK^T with A from registers) in the plain and fused-Q plain modes: no Q read
   // from shared memory per key block (0.6-1.6% faster at the power-capped dense shapes, docs/performance.md);
   // probe kQFromSharedMemory: the operand as before.
+  // Not with split tiles: there ptxas spilled 252 bytes, in the steady loop too (the parts' exchange at a piece's end
+  // needs the registers), where the operand in shared memory leaves 68 bytes outside it.
   constexpr bool kQRegs = (kMode == kPlainMode || kMode == kFusedQMode) && !(kProbe & kQFromSharedMemory);
   const int lane = threadIdx.x & 31;
   const int warp_in_wg = (threadIdx.x / 32) & 3;

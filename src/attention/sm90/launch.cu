@@ -412,12 +412,10 @@ int64_t round_up_256(int64_t x) { return (x + 255) / 256 * 256; }
 int64_t split_head_tiles(int64_t tiles, int64_t grid) { return tiles < 2 * grid ? 0 : tiles - (grid + tiles % grid); }
 }  // namespace
 
-size_t split_tiles_arrivals_offset(int grid) {
-  return size_t(round_up_256(split_partials_floats<128>(grid) * int64_t(sizeof(float))));
-}
 int split_tiles_arrival_words(int grid) { return grid * 4 * kConsumerWarpgroups; }
+size_t split_tiles_partials_offset(int grid) { return size_t(round_up_256(int64_t(split_tiles_arrival_words(grid)) * 4)); }
 size_t split_tiles_workspace_bytes(int grid) {
-  return split_tiles_arrivals_offset(grid) + size_t(round_up_256(int64_t(split_tiles_arrival_words(grid)) * 4));
+  return split_tiles_partials_offset(grid) + size_t(round_up_256(split_partials_floats<128>(grid) * int64_t(sizeof(float))));
 }
 
 bool split_tiles_eligible(const LaunchPlan& plan) {
@@ -453,8 +451,9 @@ Status use_split_tiles(LaunchPlan* plan, void* workspace, size_t workspace_bytes
   kp.split_head_tiles = int(head);
   kp.split_q = int(units / plan->grid);
   kp.split_r = int(units % plan->grid);
-  kp.split_partials = static_cast<float*>(workspace);
-  kp.split_arrivals = reinterpret_cast<int*>(static_cast<char*>(workspace) + split_tiles_arrivals_offset(plan->grid));
+  // The counts first: a plan on fewer CTAs than the workspace was sized for reads a prefix of the zeroed ones.
+  kp.split_arrivals = static_cast<int*>(workspace);
+  kp.split_partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + split_tiles_partials_offset(plan->grid));
   plan->mode |= kSplitTilesMode;
   return Status::Ok();
 }

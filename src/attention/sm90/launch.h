@@ -36,10 +36,11 @@ struct LaunchPlan {
 Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, LaunchPlan* plan);
 
 // Split tiles (kSplitTilesMode, split.cuh; numerics section 5, "Split tiles"). The workspace of a launch on `grid`
-// CTAs: the parts' partials, then split_tiles_arrival_words(grid) int32 counts, which must be zero when the kernel
-// starts (the one-call path's preparation zeroes them: prepare_internal.h); 256-byte aligned.
+// CTAs, 256-byte aligned: split_tiles_arrival_words(grid) int32 counts at its start, which must be zero when the
+// kernel starts (the one-call path's preparation zeroes them: prepare_internal.h; a launch on fewer CTAs reads a
+// prefix of them), then the parts' partials from split_tiles_partials_offset(grid).
 size_t split_tiles_workspace_bytes(int grid);
-size_t split_tiles_arrivals_offset(int grid);
+size_t split_tiles_partials_offset(int grid);
 int split_tiles_arrival_words(int grid);
 // Whether the plan can run split tiles: a batched E4M3 head-dim-128 plan with Q quantized in the kernel (kFusedQMode,
 // with or without kFewKeysMode), at least a tile per CTA, head tiles + tail units below 2^31 (split.cuh).

@@ -58,7 +58,7 @@ __device__ __forceinline__ TileSegment split_segment(const KernelParams& p, int 
 // Floats of one consumer warp's partial: its [O | l] registers and the two lagging maxima, lane-interleaved.
 template <int kD>
 inline constexpr int kSplitWarpFloats = (TileConfig<kD>::kAccRegs + 2) * 32;
-// Workspace of a launch on `grid` CTAs: [grid slots][2 parts][consumer warps] partials, then [grid][warps] counts.
+// Partials of a launch on `grid` CTAs: [grid slots][2 parts][consumer warps] (launch.h: after [grid][warps] counts).
 template <int kD>
 __host__ __device__ constexpr int64_t split_partials_floats(int grid) {
   return int64_t(grid) * 2 * (4 * kConsumerWarpgroups) * kSplitWarpFloats<kD>;

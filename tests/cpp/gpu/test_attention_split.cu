@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention/sm90/launch.h"
@@ -118,30 +119,58 @@ void launch(const SplitCase& c, const Inputs& in, int grid, void* ws, size_t ws_
   *lse = download<float>(l.p, nlse);
 }
 
-// A split workspace for `grid` CTAs with its arrival counts zeroed (the one-call path's preparation does it there).
+// A split workspace for `grid` CTAs: its arrival counts zeroed (the one-call path's preparation does it there), its
+// partials NaN (every one read must have been written).
 struct SplitWorkspace {
   DevBuf buf;
-  explicit SplitWorkspace(int grid) : buf(openvc::sm90::split_tiles_workspace_bytes(grid)) {
-    cudaMemset(buf.p, 0x7F, buf.bytes);   // partials poisoned: every one read must have been written
-    cudaMemset(static_cast<char*>(buf.p) + openvc::sm90::split_tiles_arrivals_offset(grid), 0,
-               size_t(openvc::sm90::split_tiles_arrival_words(grid)) * 4);
-  }
+  bool ok;
+  explicit SplitWorkspace(int grid)
+      : buf(openvc::sm90::split_tiles_workspace_bytes(grid)),
+        ok(buf.p != nullptr && cudaMemset(buf.p, 0xFF, buf.bytes) == cudaSuccess &&
+           cudaMemset(buf.p, 0, size_t(openvc::sm90::split_tiles_arrival_words(grid)) * 4) == cudaSuccess) {}
 };
 
-// Output and LSE against the reference's, with the sm_90 suite's tolerances (test_attention_sm90.cu explains them).
-void expect_matches(const std::vector<uint16_t>& out, const std::vector<float>& lse, const ref::AttentionResult& want,
-                    bool video) {
-  std::vector<float> got(out.size());
+// The tiles (b, h, qt) of a batched case that the plan on `grid` CTAs cuts (reference::split_cuts).
+std::vector<bool> cut_tiles(const SplitCase& c, int grid) {
+  const int nq = int(openvc::num_quant_blocks(c.sq)), n = int(openvc::num_quant_blocks(c.sk));
+  const int64_t tiles = int64_t(c.b) * c.h * nq;
+  std::vector<bool> cut(size_t(tiles), false);
+  for (int64_t t = 0; t < tiles; ++t) cut[size_t(t)] = !ref::split_cuts(t, n, tiles, grid).empty();
+  return cut;
+}
+// Whether output row i of (b, h) belongs to a tile the plan cuts.
+bool in_cut_tile(const SplitCase& c, const std::vector<bool>& cut, int b, int h, int i) {
+  const int nq = int(openvc::num_quant_blocks(c.sq));
+  return cut[size_t((int64_t(b) * c.h + h) * nq + i / 128)];
+}
+
+// Output and LSE against the reference's, with the sm_90 suite's tolerances (test_attention_sm90.cu explains them),
+// over every row and again over the rows of cut tiles alone (a fold error would be diluted by the others).
+void expect_matches(const SplitCase& c, const std::vector<bool>& cut, const std::vector<uint16_t>& out,
+                    const std::vector<float>& lse, const ref::AttentionResult& want) {
+  ASSERT_EQ(out.size(), want.out.size());
+  ASSERT_EQ(lse.size(), want.lse.size());
+  std::vector<float> got(out.size()), got_cut;
+  std::vector<double> want_d(want.out.begin(), want.out.end()), want_cut;
   int64_t non_finite = 0;
   for (size_t i = 0; i < out.size(); ++i) got[i] = bf16_to_float(out[i]), non_finite += !std::isfinite(got[i]);
   ASSERT_EQ(non_finite, 0) << "output elements left unwritten or NaN";
-  const std::vector<double> want_d(want.out.begin(), want.out.end());
-  const ref::ErrorMetrics e = ref::compare(got.data(), want_d.data(), int64_t(got.size()));
-  double ref_max = 0;
-  for (double x : want_d) ref_max = std::max(ref_max, std::fabs(x));
-  EXPECT_LE(e.rel_l2, video ? 5e-3 : 7.5e-3);
-  EXPECT_LE(e.max_abs, 0.04 * ref_max + 1e-3);
-  ASSERT_EQ(lse.size(), want.lse.size());
+  for (int b = 0; b < c.b; ++b)
+    for (int i = 0; i < c.sq; ++i)
+      for (int h = 0; h < c.h; ++h)
+        if (in_cut_tile(c, cut, b, h, i)) {
+          const size_t o = ((size_t(b) * c.sq + i) * c.h + h) * 128;
+          got_cut.insert(got_cut.end(), got.begin() + o, got.begin() + o + 128);
+          want_cut.insert(want_cut.end(), want_d.begin() + o, want_d.begin() + o + 128);
+        }
+  ASSERT_FALSE(got_cut.empty());
+  for (const auto& [g, w] : {std::pair{&got, &want_d}, std::pair{&got_cut, &want_cut}}) {
+    const ref::ErrorMetrics e = ref::compare(g->data(), w->data(), int64_t(g->size()));
+    double ref_max = 0;
+    for (double x : *w) ref_max = std::max(ref_max, std::fabs(x));
+    EXPECT_LE(e.rel_l2, c.video ? 5e-3 : 7.5e-3) << (g == &got ? "every row" : "rows of cut tiles");
+    EXPECT_LE(e.max_abs, 0.04 * ref_max + 1e-3) << (g == &got ? "every row" : "rows of cut tiles");
+  }
   double lse_err = 0;
   for (size_t i = 0; i < lse.size(); ++i) lse_err = std::max(lse_err, double(std::fabs(lse[i] - want.lse[i])));
   EXPECT_LE(lse_err, 0.03);
@@ -164,16 +193,36 @@ TEST(Sm90Split, MatchesTheReferenceOnItsPlan) {
     ref::AttentionResult want;
     ASSERT_TRUE(ref::attention_expcast(in.prep, opt, &want).ok());
     // The plan cuts tiles here (else the case tests nothing new).
-    const int64_t tiles = int64_t(c.b) * c.h * openvc::num_quant_blocks(c.sq), n = openvc::num_quant_blocks(c.sk);
-    int cut = 0;
-    for (int64_t t = 0; t < tiles; ++t) cut += !ref::split_cuts(t, int(n), tiles, c.grid).empty();
-    ASSERT_GT(cut, 0);
+    const std::vector<bool> cut = cut_tiles(c, c.grid);
+    ASSERT_GT(std::count(cut.begin(), cut.end(), true), 0);
     SplitWorkspace ws(c.grid);
+    ASSERT_TRUE(ws.ok);
     std::vector<uint16_t> out;
     std::vector<float> lse;
     ASSERT_NO_FATAL_FAILURE(launch(c, in, c.grid, ws.buf.p, ws.buf.bytes, &out, &lse));
-    ASSERT_NO_FATAL_FAILURE(expect_matches(out, lse, want, c.video));
+    ASSERT_NO_FATAL_FAILURE(expect_matches(c, cut, out, lse, want));
   }
+}
+
+// Rows of tiles no boundary cuts: the bits of whole tiles; rows of cut tiles: some differ (the split ran).
+void expect_whole_where_uncut(const SplitCase& c, const std::vector<bool>& cut, const std::vector<uint16_t>& split,
+                              const std::vector<float>& lse_split, const std::vector<uint16_t>& whole,
+                              const std::vector<float>& lse_whole) {
+  int uncut_rows = 0, cut_rows_differing = 0;
+  for (int b = 0; b < c.b; ++b)
+    for (int h = 0; h < c.h; ++h)
+      for (int i = 0; i < c.sq; ++i) {
+        const size_t o = ((size_t(b) * c.sq + i) * c.h + h) * 128, l = (size_t(b) * c.h + h) * c.sq + i;
+        const bool same = std::memcmp(&split[o], &whole[o], 128 * 2) == 0 && lse_split[l] == lse_whole[l];
+        if (in_cut_tile(c, cut, b, h, i)) {
+          cut_rows_differing += !same;
+        } else {
+          ++uncut_rows;
+          ASSERT_TRUE(same) << b << " " << h << " " << i;
+        }
+      }
+  EXPECT_GT(uncut_rows, 0);
+  EXPECT_GT(cut_rows_differing, 0);
 }
 
 TEST(Sm90Split, SameBitsEveryLaunchAndWholeTilesWhereNoBoundaryCuts) {
@@ -182,6 +231,7 @@ TEST(Sm90Split, SameBitsEveryLaunchAndWholeTilesWhereNoBoundaryCuts) {
     SCOPED_TRACE(c.name);
     const Inputs in(c);
     SplitWorkspace ws(c.grid);
+    ASSERT_TRUE(ws.ok);
     std::vector<uint16_t> first, again, whole;
     std::vector<float> lse_first, lse_again, lse_whole;
     ASSERT_NO_FATAL_FAILURE(launch(c, in, c.grid, ws.buf.p, ws.buf.bytes, &first, &lse_first));
@@ -189,26 +239,10 @@ TEST(Sm90Split, SameBitsEveryLaunchAndWholeTilesWhereNoBoundaryCuts) {
     ASSERT_NO_FATAL_FAILURE(launch(c, in, c.grid, ws.buf.p, ws.buf.bytes, &again, &lse_again));
     EXPECT_EQ(first, again);
     EXPECT_EQ(lse_first, lse_again);
-    const std::vector<int> counts = download<int>(static_cast<char*>(ws.buf.p) + openvc::sm90::split_tiles_arrivals_offset(c.grid),
-                                                  size_t(openvc::sm90::split_tiles_arrival_words(c.grid)));
+    const std::vector<int> counts = download<int>(ws.buf.p, size_t(openvc::sm90::split_tiles_arrival_words(c.grid)));
     EXPECT_EQ(counts, std::vector<int>(counts.size(), 0));
     ASSERT_NO_FATAL_FAILURE(launch(c, in, c.grid, nullptr, 0, &whole, &lse_whole));
-    const int nq = int(openvc::num_quant_blocks(c.sq)), n = int(openvc::num_quant_blocks(c.sk));
-    const int64_t tiles = int64_t(c.b) * c.h * nq;
-    int uncut = 0;
-    for (int b = 0; b < c.b; ++b)
-      for (int h = 0; h < c.h; ++h)
-        for (int qt = 0; qt < nq; ++qt) {
-          if (!ref::split_cuts((int64_t(b) * c.h + h) * nq + qt, n, tiles, c.grid).empty()) continue;
-          ++uncut;
-          for (int i = qt * 128; i < std::min(c.sq, qt * 128 + 128); ++i) {
-            const size_t o = ((size_t(b) * c.sq + i) * c.h + h) * 128;
-            ASSERT_EQ(0, std::memcmp(&first[o], &whole[o], 128 * 2)) << b << " " << h << " " << i;
-            const size_t l = (size_t(b) * c.h + h) * c.sq + i;
-            ASSERT_EQ(lse_first[l], lse_whole[l]) << b << " " << h << " " << i;
-          }
-        }
-    EXPECT_GT(uncut, 0);
+    ASSERT_NO_FATAL_FAILURE(expect_whole_where_uncut(c, cut_tiles(c, c.grid), first, lse_first, whole, lse_whole));
   }
 }
 
@@ -219,8 +253,10 @@ TEST(Sm90Split, OneCallOnRequestEagerAndReplayed) {
   int device = 0, sms = 0;
   CUDA_OK(cudaGetDevice(&device));
   CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const SplitCase c{"one call", 1, 2048, 2048, 9, sms};
-  if (int64_t(c.b) * c.h * 16 < sms) GTEST_SKIP() << "more SMs (" << sms << ") than this case's tiles";
+  // The plan's grid: min(tiles, SMs) (launch.cu).
+  const SplitCase c{"one call", 1, 2048, 2048, 9, std::min(sms, 9 * 16)};
+  const std::vector<bool> cut = cut_tiles(c, c.grid);
+  if (std::count(cut.begin(), cut.end(), true) == 0) GTEST_SKIP() << "no tile cut on " << sms << " SMs";
   const Inputs in(c);
   const size_t nout = size_t(c.sq) * c.h * 128, nlse = size_t(c.h) * c.sq;
   DevBuf k16(nout * 2), v16(nout * 2), out(nout * 2), lse(nlse * 4);
@@ -238,10 +274,11 @@ TEST(Sm90Split, OneCallOnRequestEagerAndReplayed) {
   openvc::AttentionCall off = a;
   off.tile_split = openvc::TileSplit::kOff;
   EXPECT_GE(ws.bytes, openvc::attention_workspace_bytes(off) + openvc::sm90::split_tiles_workspace_bytes(sms));
-  CUDA_OK(cudaMemset(ws.p, 0x7F, ws.bytes));   // a workspace's contents are anything: the preparation zeroes the counts
+  // A workspace's contents are anything (here -1 counts and NaN partials): the preparation zeroes the counts.
+  CUDA_OK(cudaMemset(ws.p, 0xFF, ws.bytes));
 
   ref::AttentionOptions opt;
-  opt.split_ctas = sms;
+  opt.split_ctas = c.grid;
   ref::AttentionResult want;
   ASSERT_TRUE(ref::attention_expcast(in.prep, opt, &want).ok());
   CUDA_OK(cudaMemset(out.p, 0xFF, out.bytes));
@@ -250,7 +287,13 @@ TEST(Sm90Split, OneCallOnRequestEagerAndReplayed) {
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<uint16_t> eager = download<uint16_t>(out.p, nout);
   const std::vector<float> eager_lse = download<float>(lse.p, nlse);
-  ASSERT_NO_FATAL_FAILURE(expect_matches(eager, eager_lse, want, false));
+  ASSERT_NO_FATAL_FAILURE(expect_matches(c, cut, eager, eager_lse, want));
+  // kOff on the same inputs: whole tiles, so the split ran where the bits differ.
+  const openvc::Status so = openvc::attention(off, ws.p, ws.bytes, nullptr);
+  ASSERT_TRUE(so.ok()) << so.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(expect_whole_where_uncut(c, cut, eager, eager_lse, download<uint16_t>(out.p, nout),
+                                                   download<float>(lse.p, nlse)));
 
   cudaStream_t s;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
