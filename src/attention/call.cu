@@ -42,13 +42,19 @@ struct Layout {
 };
 bool wants_lse_term(const AttentionCall& c) { return c.k_smoothing && c.lse != nullptr; }
 
+// The calls whose Q the fast path's kernel quantizes (kFusedQMode), given a TMA-readable q (tma_readable_q): E4M3
+// without smoothing, chunks or key block lists (the preparation then writes K and V only).
+bool kernel_may_quantize_q(const AttentionCall& c) {
+  return c.qk_format == QkFormat::kE4M3 && !c.k_smoothing && c.causal_chunk <= 1 && !has_block_list(c.blocks);
+}
+
 // The calls that may run split tiles (call.h, TileSplit; sm90::split_tiles_eligible decides on the plan): the
-// one-call path's fused-Q batched E4M3 head-dim-128 plain calls, unless turned off (kAuto: config.h's
+// one-call path's fused-Q batched head-dim-128 plain calls, unless turned off (kAuto: config.h's
 // kSplitTilesByDefault). The current device's SM count, or 0.
 int split_tiles_grid(const AttentionCall& c) {
   const bool wanted = c.tile_split == TileSplit::kOn || (c.tile_split == TileSplit::kAuto && sm90::kSplitTilesByDefault);
-  if (!wanted || packed(c) || c.seqused_k != nullptr || c.causal || c.head_dim != 128 || c.qk_format != QkFormat::kE4M3 ||
-      c.k_smoothing || c.p_format != PFormat::kExpCast || has_block_list(c.blocks) || c.causal_chunk > 1)
+  if (!wanted || !kernel_may_quantize_q(c) || c.p_format != PFormat::kExpCast || packed(c) || c.seqused_k != nullptr ||
+      c.causal || c.head_dim != 128)
     return 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -194,8 +200,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.q_dot_k_mean = term;
   // E4M3 calls, plain or causal, batched or packed: the kernel quantizes Q per tile (kFusedQMode), so the
   // preparation writes K and V only (the same codes and descales, one pass over Q fewer).
-  const bool fused_q = path == AttentionPath::kFast && c.qk_format == QkFormat::kE4M3 && !c.k_smoothing &&
-                       c.causal_chunk <= 1 && !has_block_list(c.blocks) && tma_readable_q(c);
+  const bool fused_q = path == AttentionPath::kFast && kernel_may_quantize_q(c) && tma_readable_q(c);
   if (fused_q) p.q = {}, p.q_codes = nullptr, p.q_descale = nullptr;
   PrepareExtras extras;   // split tiles' arrival counts, zero before the kernel (sm90/split.cuh)
   if (l.split_grid > 0) {
