@@ -434,7 +434,7 @@ int main(int argc, char** argv) {
   }
   if (argc > 6 && std::string(argv[6]) == "split-tiles") {
     // The one call with split tiles (AttentionCall::tile_split kOn; numerics section 5, "Split tiles") against
-    // whole tiles (kOff), interleaved rounds, paired ratios; and what the planner's model would choose (kAuto).
+    // whole tiles (kOff), interleaved rounds, paired ratios.
     if (Sk != S || ap.causal) std::exit((std::fprintf(stderr, "split-tiles: Sk = S, not causal\n"), 2));
     openvc::AttentionCall c;
     c.heads = H, c.head_dim = D, c.batch = B, c.seqlen_q = S, c.seqlen_k = Sk;

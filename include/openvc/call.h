@@ -20,8 +20,9 @@ namespace openvc {
 // Split tiles (numerics section 5, "Split tiles"): batched E4M3 head-dim-128 calls without causal, key counts, key
 // block lists, K smoothing or chunks, whose Q the kernel quantizes, may deal the launch's key blocks to the SMs in
 // contiguous ranges instead of whole tiles, so that the last wave leaves no SM idle (a cut tile's two parts are
-// folded; their codes are against each part's own max). kAuto: where the planner's model says it pays (in this
-// version not yet: kOff until measured on the GPU); kOn: wherever the call allows it; kOff: whole tiles.
+// folded; their codes are against each part's own max). kOn: wherever the call allows it; kOff and kAuto: whole
+// tiles. Measured on the H200 (docs/performance.md, twenty-fifth session) split tiles were no faster at any shape
+// tried (0.95x at S = 4,096 H = 7, 0.98-1.01x elsewhere), so kAuto does not choose them.
 enum class TileSplit { kAuto, kOff, kOn };
 
 struct AttentionCall {

@@ -48,13 +48,11 @@ bool kernel_may_quantize_q(const AttentionCall& c) {
   return c.qk_format == QkFormat::kE4M3 && !c.k_smoothing && c.causal_chunk <= 1 && !has_block_list(c.blocks);
 }
 
-// The calls that may run split tiles (call.h, TileSplit; sm90::split_tiles_eligible decides on the plan): the
-// one-call path's fused-Q batched head-dim-128 plain calls, unless turned off (kAuto: config.h's
-// kSplitTilesByDefault). The current device's SM count, or 0.
+// The calls that run split tiles (call.h, TileSplit::kOn; sm90::split_tiles_eligible decides on the plan): the
+// one-call path's fused-Q batched head-dim-128 plain calls. The current device's SM count, or 0.
 int split_tiles_grid(const AttentionCall& c) {
-  const bool wanted = c.tile_split == TileSplit::kOn || (c.tile_split == TileSplit::kAuto && sm90::kSplitTilesByDefault);
-  if (!wanted || !kernel_may_quantize_q(c) || c.p_format != PFormat::kExpCast || packed(c) || c.seqused_k != nullptr ||
-      c.causal || c.head_dim != 128)
+  if (c.tile_split != TileSplit::kOn || !kernel_may_quantize_q(c) || c.p_format != PFormat::kExpCast || packed(c) ||
+      c.seqused_k != nullptr || c.causal || c.head_dim != 128)
     return 0;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -229,8 +227,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
     // quantize its first Q tile before it waits for the preparation's last grid.
     plan.kp.q_before_prior_grid = fused_q;
     // The plan's grid is at most the SM count the workspace was sized for.
-    if (l.split_grid > 0 && plan.grid <= l.split_grid && sm90::split_tiles_eligible(plan) &&
-        (c.tile_split == TileSplit::kOn || sm90::split_tiles_pay(plan)))
+    if (l.split_grid > 0 && plan.grid <= l.split_grid && sm90::split_tiles_eligible(plan))
       OPENVC_RETURN_IF_ERROR(sm90::use_split_tiles(&plan, at<void>(workspace, l.split), l.split_bytes));
     OPENVC_RETURN_IF_ERROR(sm90::launch_plan(plan, stream));
   } else {

@@ -26,16 +26,6 @@ inline constexpr int kFewKeyBlocks = 6;
 // call 1.9% faster at 16 key blocks (S = 2,048, H = 66), 1.1% at 24, 0.6-1.0% at 32, at 64 (8,192 keys) the plain
 // mode's time (docs/performance.md, twenty-second session); on prepared Q the same range measured -1.5% to +0.5%.
 inline constexpr int kFewKeyBlocksFusedQ = 32;
-// Split tiles (kSplitTilesMode, split.cuh): the planner's model of a CTA's time, in key-block steps. A piece of a tile
-// costs its blocks plus kTileFixedBlocks (the tile boundary: 0.95 us per block and 4.7 us per tile with Q quantized in
-// the kernel, twenty-second session's fit over whole waves), a cut tile's exchange kSplitExchangeBlocks more; split
-// tiles are chosen where the busiest CTA's model time drops by more than kSplitMinGain against whole tiles (S = 4,096,
-// H = 7: 74 -> 72 steps; S = 8,192, H = 40: 1,380 -> 1,349; S = 73,397, H = 7: 17,949 -> 17,635). kSplitTilesByDefault: the planner's choice is used
-// (AttentionCall::tile_split kAuto) only once split tiles are measured on the GPU.
-inline constexpr double kTileFixedBlocks = 5.0;
-inline constexpr double kSplitExchangeBlocks = 1.0;
-inline constexpr double kSplitMinGain = 0.01;
-inline constexpr bool kSplitTilesByDefault = false;
 
 template <int kD>
 struct TileConfig {

@@ -426,19 +426,6 @@ bool split_tiles_eligible(const LaunchPlan& plan) {
          head + (tiles - head) * n < INT32_MAX;
 }
 
-bool split_tiles_pay(const LaunchPlan& plan) {
-  if (!split_tiles_eligible(plan)) return false;
-  const int64_t n = plan.kp.num_k_blocks, tiles = plan.kp.num_tiles, grid = plan.grid;
-  const int64_t head = split_head_tiles(tiles, grid), tail = tiles - head;
-  // The same head waves either way: whole tiles give the tail ceil(tail / grid) waves, split ones the busiest
-  // range (ceil(tail n / grid) units) in at most ceil(units / n) + 1 pieces (a cut tile at each end).
-  const double whole = double((tail + grid - 1) / grid) * (double(n) + kTileFixedBlocks);
-  const int64_t longest = (tail * n + grid - 1) / grid, pieces = (longest + n - 1) / n + 1;
-  const double split = double(longest) + double(pieces) * kTileFixedBlocks + 2.0 * kSplitExchangeBlocks;
-  const double head_time = double(head / grid) * (double(n) + kTileFixedBlocks);
-  return head_time + split < (1.0 - kSplitMinGain) * (head_time + whole);
-}
-
 Status use_split_tiles(LaunchPlan* plan, void* workspace, size_t workspace_bytes) {
   if (plan == nullptr || !split_tiles_eligible(*plan))
     return Status::Invalid("use_split_tiles: the plan cannot run split tiles (split_tiles_eligible)");

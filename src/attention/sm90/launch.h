@@ -45,8 +45,6 @@ int split_tiles_arrival_words(int grid);
 // Whether the plan can run split tiles: a batched E4M3 head-dim-128 plan with Q quantized in the kernel (kFusedQMode,
 // with or without kFewKeysMode), at least a tile per CTA, head tiles + tail units below 2^31 (split.cuh).
 bool split_tiles_eligible(const LaunchPlan& plan);
-// Whether an eligible plan gains from split tiles (config.h's model).
-bool split_tiles_pay(const LaunchPlan& plan);
 // Makes an eligible plan run split tiles over `workspace` (split_tiles_workspace_bytes(plan->grid) bytes).
 Status use_split_tiles(LaunchPlan* plan, void* workspace, size_t workspace_bytes);
 
