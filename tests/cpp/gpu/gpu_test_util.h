@@ -1,10 +1,13 @@
-// Shared helpers of the GPU test suites: skip without an sm_90 device, device buffers, downloads.
+// Shared helpers of the GPU test suites: skip without an sm_90 device, device buffers, downloads, CUDA graph capture.
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "openvc/status.h"
 
 namespace openvc::testing {
 
@@ -56,6 +59,35 @@ template <typename T>
 bool upload(void* dst, const std::vector<T>& src) {
   return cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
 }
+
+// A stream of the test's own with one capture of `enqueue(stream)` on it, instantiated; the test replays it with
+// launch(). `status` is what `enqueue` returned (an openvc::Status), `error` the first CUDA error of the capture; check
+// both before replaying. cudaStreamCaptureModeGlobal (the attention call's tests): the driver then refuses a
+// synchronizing or allocating call from any thread, so one inside the library fails the capture.
+struct CapturedGraph {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  openvc::Status status;
+  cudaError_t error = cudaSuccess;
+  template <class Enqueue>
+  CapturedGraph(cudaStreamCaptureMode mode, Enqueue&& enqueue) {
+    error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (error == cudaSuccess) error = cudaStreamBeginCapture(stream, mode);
+    if (error != cudaSuccess) return;
+    status = std::forward<Enqueue>(enqueue)(stream);
+    error = cudaStreamEndCapture(stream, &graph);
+    if (error == cudaSuccess && status.ok()) error = cudaGraphInstantiate(&exec, graph, 0);
+  }
+  ~CapturedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  cudaError_t launch() const { return cudaGraphLaunch(exec, stream); }
+};
 
 }  // namespace openvc::testing
 

@@ -19,6 +19,7 @@
 
 namespace {
 
+using openvc::testing::CapturedGraph;
 using openvc::testing::DevBuf;
 using openvc::testing::download;
 using openvc::testing::upload;
@@ -248,24 +249,19 @@ TEST(AttentionCall, CapturedInACudaGraphAndReplayedWithNewInputs) {
   openvc::AttentionCall a = call_of(c, bf);
   a.qk_format = openvc::QkFormat::kInt8, a.k_smoothing = true, a.p_format = openvc::PFormat::kExp2, a.causal = true;
   DevBuf ws(openvc::attention_workspace_bytes(a));
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
   // Global mode: while capturing, the driver refuses synchronizing or allocating calls (stream or device
   // synchronize, synchronous memcpy, cudaMalloc) from any thread, so one inside the library fails the capture.
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const openvc::Status st = openvc::attention(a, ws.p, ws.bytes, s);
-  CUDA_OK(cudaStreamEndCapture(s, &g));
-  ASSERT_TRUE(st.ok()) << st.message();
-  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeGlobal,
+                         [&](cudaStream_t s) { return openvc::attention(a, ws.p, ws.bytes, s); });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
   const size_t n_out = size_t(c.rows_q()) * c.h * c.d;
   for (unsigned seed : {41u, 51u}) {
     bf.fill(c, seed);
     const std::vector<int> counts = {int(seed) % 700, 700};   // the key counts change between replays too
     upload(bf.counts.p, counts);
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cg.launch());
+    CUDA_OK(cudaStreamSynchronize(cg.stream));
     const std::vector<uint16_t> replayed = download<uint16_t>(bf.out.p, n_out);
     const std::vector<float> replayed_lse = download<float>(bf.lse.p, c.lse_n());
     std::vector<uint16_t> eager(n_out);
@@ -274,9 +270,6 @@ TEST(AttentionCall, CapturedInACudaGraphAndReplayedWithNewInputs) {
     EXPECT_EQ(0, std::memcmp(replayed.data(), eager.data(), n_out * 2)) << "seed " << seed;
     EXPECT_EQ(0, std::memcmp(replayed_lse.data(), eager_lse.data(), eager_lse.size() * 4)) << "seed " << seed;
   }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
 }
 
 // Programmatic launches (launch.h) give the plain launches' bytes, also when calls follow each other on one

@@ -28,6 +28,7 @@ namespace {
 
 namespace ref = openvc::reference;
 using openvc::testing::bf16_to_float;
+using openvc::testing::CapturedGraph;
 using openvc::testing::DevBuf;
 using openvc::testing::download;
 using openvc::testing::pack_v;
@@ -295,25 +296,17 @@ TEST(Sm90Split, OneCallOnRequestEagerAndReplayed) {
   ASSERT_NO_FATAL_FAILURE(expect_whole_where_uncut(c, cut, eager, eager_lse, download<uint16_t>(out.p, nout),
                                                    download<float>(lse.p, nlse)));
 
-  cudaStream_t s;
-  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const openvc::Status sc = openvc::attention(a, ws.p, ws.bytes, s);
-  CUDA_OK(cudaStreamEndCapture(s, &g));
-  ASSERT_TRUE(sc.ok()) << sc.message();
-  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeGlobal,
+                         [&](cudaStream_t s) { return openvc::attention(a, ws.p, ws.bytes, s); });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
   for (int replay = 0; replay < 2; ++replay) {
     CUDA_OK(cudaMemset(out.p, 0xFF, out.bytes));
-    CUDA_OK(cudaGraphLaunch(ge, s));
-    CUDA_OK(cudaStreamSynchronize(s));
+    CUDA_OK(cg.launch());
+    CUDA_OK(cudaStreamSynchronize(cg.stream));
     EXPECT_EQ(download<uint16_t>(out.p, nout), eager) << "replay " << replay;
     EXPECT_EQ(download<float>(lse.p, nlse), eager_lse) << "replay " << replay;
   }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
 }
 
 }  // namespace

@@ -246,15 +246,11 @@ TEST(PrepareGraph, ReplayMatchesEagerAndReference) {
   p.params.k = dk.view();
   p.params.v = dv.view();
 
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const openvc::Status st = openvc::prepare_fp8(p.params, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(st.ok()) << st.message();
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeThreadLocal,
+                         [&](cudaStream_t stream) { return openvc::prepare_fp8(p.params, stream); });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
+  const cudaStream_t stream = cg.stream;
 
   // New contents in the same buffers, then replay.
   DevTensor nq(s.dtype, second.q, dq.st), nk(s.dtype, second.k, dk.st), nv(s.dtype, second.v, dv.st);
@@ -262,7 +258,7 @@ TEST(PrepareGraph, ReplayMatchesEagerAndReference) {
   CUDA_OK(cudaMemcpy(dk.buf.p, nk.buf.p, dk.buf.bytes, cudaMemcpyDeviceToDevice));
   CUDA_OK(cudaMemcpy(dv.buf.p, nv.buf.p, dv.buf.bytes, cudaMemcpyDeviceToDevice));
   p.poison(stream);
-  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cg.launch());
   CUDA_OK(cudaStreamSynchronize(stream));
   const Outputs replayed = p.read();
 
@@ -277,10 +273,6 @@ TEST(PrepareGraph, ReplayMatchesEagerAndReference) {
               replayed.k_descale == eager.k_descale && replayed.v_descale == eager.v_descale)
       << "graph replay differs from the eager call";
   expect_matches_reference(s, p.sk_pad, second.q, second.k, second.v, eager);
-
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // ---- the encoder alone --------------------------------------------------------------------------

@@ -174,23 +174,15 @@ void run_and_check(const Case& c, const Inputs& in, bool graph = false) {
   if (!c.counts.empty()) p.seqused_k = d_counts.as<const int>();
   dev.bind(p);
   if (graph) {
-    cudaStream_t stream;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const openvc::Status st = openvc::prepare_fp8(p, stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &g));
-    ASSERT_TRUE(st.ok()) << st.message();
-    CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+    const CapturedGraph cg(cudaStreamCaptureModeThreadLocal,
+                           [&](cudaStream_t stream) { return openvc::prepare_fp8(p, stream); });
+    ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+    CUDA_OK(cg.error);
     for (int replay = 0; replay < 2; ++replay) {  // the second replay sees the first one's workspace
-      dev.poison(stream);
-      CUDA_OK(cudaGraphLaunch(exec, stream));
+      dev.poison(cg.stream);
+      CUDA_OK(cg.launch());
     }
-    CUDA_OK(cudaStreamSynchronize(stream));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(g);
-    cudaStreamDestroy(stream);
+    CUDA_OK(cudaStreamSynchronize(cg.stream));
   } else {
     dev.poison(0);
     const openvc::Status st = openvc::prepare_fp8(p, 0);

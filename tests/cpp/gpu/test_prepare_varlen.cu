@@ -288,18 +288,14 @@ TEST(PrepareVarlen, GraphReplayFollowsNewOffsets) {
   DevTensor dv(first.dtype, in.v, strides_of(first.layout, in.v.S, first.H, first.D));
   p.params.q = packed_view(dq), p.params.k = packed_view(dk), p.params.v = packed_view(dv);
 
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const openvc::Status st = openvc::prepare_fp8(p.params, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(st.ok()) << st.message();
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeThreadLocal,
+                         [&](cudaStream_t stream) { return openvc::prepare_fp8(p.params, stream); });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
+  const cudaStream_t stream = cg.stream;
 
   p.poison(stream);
-  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cg.launch());
   CUDA_OK(cudaStreamSynchronize(stream));
   expect_matches_reference(p, in.q, in.k, in.v, p.read());
 
@@ -308,13 +304,9 @@ TEST(PrepareVarlen, GraphReplayFollowsNewOffsets) {
   ASSERT_EQ(expected.max_q, p.max_q);
   ASSERT_EQ(expected.max_k, p.max_k);
   p.poison(stream);
-  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cg.launch());
   CUDA_OK(cudaStreamSynchronize(stream));
   expect_matches_reference(expected, in.q, in.k, in.v, p.read());
-
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // ---- argument checks (no device needed: they fail before any CUDA call) ---------------------------------

@@ -340,23 +340,20 @@ TEST(RepairGraph, ReplayMatchesEagerAndReference) {
   RepairDevice rd(c.B * c.H, rows, openvc::repair_workspace_bytes(c.B, c.H, c.S, rows));
   RepairPrepareParams p = f.params();
   rd.bind(p);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const openvc::Status s1 = openvc::prepare_fp8(f.pp, stream);
-  const openvc::Status s2 = openvc::prepare_v_repair(p, stream);
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(s1.ok() && s2.ok()) << s1.message() << " / " << s2.message();
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeGlobal, [&](cudaStream_t stream) {
+    const openvc::Status s1 = openvc::prepare_fp8(f.pp, stream);
+    return s1.ok() ? openvc::prepare_v_repair(p, stream) : s1;
+  });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
+  const cudaStream_t stream = cg.stream;
 
   const std::pair<DevTensor*, const DevTensor*> copies[] = {{&f.dq, &second.dq}, {&f.dk, &second.dk}, {&f.dv, &second.dv}};
   for (const auto& [dst, src] : copies)
     CUDA_OK(cudaMemcpy(dst->buf.p, src->buf.p, dst->buf.bytes, cudaMemcpyDeviceToDevice));
   f.q = second.q, f.k = second.k, f.v = second.v;
   rd.poison(stream);
-  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cg.launch());
   CUDA_OK(cudaStreamSynchronize(stream));
   const RepairHost replayed = rd.read();
   expect_rows(replayed, expected_energy(f, rows), rows, rd.rpad, true);
@@ -368,9 +365,6 @@ TEST(RepairGraph, ReplayMatchesEagerAndReference) {
   EXPECT_TRUE(replayed.tokens == eager.tokens && replayed.k_codes == eager.k_codes &&
               replayed.v_packed == eager.v_packed && replayed.k_descale == eager.k_descale)
       << "graph replay differs from the eager call";
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // ---- end to end: attention_fp8 with the GPU-prepared rows ----------------------------------------

@@ -326,27 +326,23 @@ TEST(VcPrepare, GraphReplayMatchesEager) {
   const std::vector<uint8_t> vpk = download<uint8_t>(dev.v_packed.p, dev.v_packed.bytes);
   const std::vector<float> ms = download<float>(dev.mean_scaled.p, dev.mean_scaled.bytes / 4);
 
-  cudaGraph_t graph;
-  CUDA_OK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
-  const openvc::Status s1 = openvc::vc_grouping(gp, st.s);
-  const openvc::Status s2 = openvc::vc_prepare(pp, st.s);
-  CUDA_OK(cudaStreamEndCapture(st.s, &graph));
-  ASSERT_TRUE(s1.ok() && s2.ok()) << s1.message() << s2.message();
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph cg(cudaStreamCaptureModeGlobal, [&](cudaStream_t s) {
+    const openvc::Status s1 = openvc::vc_grouping(gp, s);
+    return s1.ok() ? openvc::vc_prepare(pp, s) : s1;
+  });
+  ASSERT_TRUE(cg.status.ok()) << cg.status.message();
+  CUDA_OK(cg.error);
   for (int rep = 0; rep < 2; ++rep) {
-    dev.poison(st.s);
-    cudaMemsetAsync(dev.perm.p, 0xAB, dev.perm.bytes, st.s);
-    cudaMemsetAsync(gws.p, 0xAB, gws.bytes, st.s);
-    CUDA_OK(cudaGraphLaunch(exec, st.s));
-    CUDA_OK(cudaStreamSynchronize(st.s));
+    dev.poison(cg.stream);
+    cudaMemsetAsync(dev.perm.p, 0xAB, dev.perm.bytes, cg.stream);
+    cudaMemsetAsync(gws.p, 0xAB, gws.bytes, cg.stream);
+    CUDA_OK(cg.launch());
+    CUDA_OK(cudaStreamSynchronize(cg.stream));
     EXPECT_TRUE(download<int>(dev.perm.p, perm.size()) == perm);
     EXPECT_TRUE(download<uint8_t>(dev.k_codes.p, dev.k_codes.bytes) == kc);
     EXPECT_TRUE(download<uint8_t>(dev.v_packed.p, dev.v_packed.bytes) == vpk);
     EXPECT_TRUE(download<float>(dev.mean_scaled.p, ms.size()) == ms);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   expect_valid_permutation(perm, B * H, S);
   ref::VcPrepared rp;
   const ref::Sequences seqs = ref::Sequences::Batched(B, S, H, D);
