@@ -1,6 +1,7 @@
 #!/bin/bash
-# Call C: the final tree (5c19e98: split tiles' planner model removed, kAuto = whole tiles; library SASS identical to
-# 246857b's) on the GPU: every C++ GPU test on its library, then its cp312 wheel installed, every Python GPU test
+# Call C: the final tree on the GPU (library and wheel of 5c19e98: split tiles' planner model removed, kAuto = whole
+# tiles, library SASS identical to 246857b's; C++ GPU tests of 9cac04b: the shared graph-capture helper): every C++ GPU
+# test, then the cp312 wheel installed, every Python GPU test
 # (pytest -m gpu tests/python) and the smoke check (open-vc-attn-check --smoke). Carry: .carry with
 # libopenvc_F.so.gz, openvc_gpu_tests_F.gz and final/open_vc_attn-*.whl, built on the CI machine.
 cd "$(dirname "$0")/../../.."
