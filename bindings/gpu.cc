@@ -54,6 +54,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(inputs, Fp8Inputs, v_packed);
   OPENVC_FIELD(inputs, Fp8Inputs, v_descale);
   OPENVC_FIELD(inputs, Fp8Inputs, qk_format);
+  OPENVC_FIELD(inputs, Fp8Inputs, kv_heads);
 
   auto prep = openvc_bindings::params_class<PrepareParams>(m, "PrepareParams", "openvc::PrepareParams.");
   OPENVC_FIELD(prep, PrepareParams, dtype);
@@ -62,6 +63,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(prep, PrepareParams, seqlen_q);
   OPENVC_FIELD(prep, PrepareParams, seqlen_k);
   OPENVC_FIELD(prep, PrepareParams, heads);
+  OPENVC_FIELD(prep, PrepareParams, kv_heads);
   OPENVC_FIELD(prep, PrepareParams, head_dim);
   OPENVC_FIELD(prep, PrepareParams, q);
   OPENVC_FIELD(prep, PrepareParams, k);

@@ -59,6 +59,10 @@ struct AttentionCall {
   // Split tiles (above). Where a call may split, the workspace holds the parts' partials (about 19 MB at 132 SMs:
   // the current device's SM count sizes it). Last, so that positional initializers stay valid.
   TileSplit tile_split = TileSplit::kAuto;
+  // Grouped-query attention (attention.h, Fp8Inputs::kv_heads): k and v hold kv_heads heads ([B, Sk, kv_heads, D],
+  // packed [total_k, kv_heads, D]), 0 meaning heads; heads must be a multiple of it. The fast path only (a call the
+  // general path would take is Status::Unsupported naming kv_heads). Last, as above.
+  int kv_heads = 0;
 };
 
 enum class AttentionPath { kFast, kGeneral };

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from . import _gqa
 from ._layout import (ATTENTION_PATHS, FAST_HEAD_DIMS, FP8_NAMES, GRID_LIMIT, INT_MAX, NATURAL_ORDER, P_FORMATS,
                       PREPARE_HEAD_DIMS, QK_FORMATS, QUANT_BLOCK, VERSIONS, fp8_expectations, layouts,
                       varlen_expectations)
@@ -136,16 +137,16 @@ def token_views(q, k, v):
     return q4, k4, v4, rank
 
 
-def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8"):
+def check_tokens(q, k, v, head_dims=PREPARE_HEAD_DIMS, caller="prepare_fp8", gqa=False):
     """Checks q, k, v of prepare_fp8 / attention; returns rank-4 views and q's rank. Never copies.
-    The device comes last, so that every other check can be exercised with CPU tensors."""
+    gqa: k and v may hold Hk heads, a divisor of q's H (GQA/MQA, :mod:`._gqa`); else equal head counts only
+    (the message names `caller`). The device comes last, so that every other check can be exercised with CPU
+    tensors."""
     torch = import_torch()
     q4, k4, v4, rank = token_views(q, k, v)
     if k4.shape[0] != q4.shape[0]:
         raise ValueError(f"k: expected batch {q4.shape[0]} like q, got shape {shape_of(k)}")
-    if k4.shape[2] != q4.shape[2]:
-        raise ValueError(f"k: expected {q4.shape[2]} heads like q, got shape {shape_of(k)}: GQA/MQA (unequal "
-                         "head counts) is not supported; repeat k and v's heads to q's head count")
+    _gqa.check_heads(int(q4.shape[2]), int(k4.shape[2]), "k", shape_of(k), what=None if gqa else caller)
     if k4.shape[3] != q4.shape[3]:
         raise ValueError(f"k: expected head_dim {q4.shape[3]} like q, got shape {shape_of(k)}")
     if v4.shape != k4.shape:
@@ -192,23 +193,31 @@ def check_token_strides(name, x):
                              f"kernels' vector loads, got strides {tuple(strides)}; call .contiguous() first")
 
 
-def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3", v_blocks=False):
+def check_fp8_tensors(tensors, prefix, sizes=None, fmt="e4m3", v_blocks=False, gqa=None):
     """Checks the six prepared tensors (order of PreparedFP8.tensors()) against each other, or against
     sizes = (B, Sq, Sk, H, D) when given, in the layouts of qk_format fmt (v_blocks: v_descale per key block);
-    returns (B, Sq, Sk, H, D). prefix names them in messages."""
+    returns (B, Sq, Sk, H, D). prefix names them in messages. gqa: None for equal head counts only (a
+    mismatch is a shape error), True to take K/V tensors of Hk heads (a divisor of H, read from k_codes), or
+    the name of the function that takes equal head counts only (its GQA message names it)."""
     torch = import_torch()
     names = FP8_NAMES
     for name, x in zip(names, tensors):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{prefix}{name}: expected a torch.Tensor, got {type(x).__name__}")
+    kc = tensors[2]
     if sizes is None:
-        qc, kc = tensors[0], tensors[2]
+        qc = tensors[0]
         if qc.dim() != 4 or kc.dim() != 4:
             bad = ("q_codes", qc) if qc.dim() != 4 else ("k_codes", kc)
             raise ValueError(f"{prefix}{bad[0]}: expected rank 4 [B, S, H, D], got shape {shape_of(bad[1])}")
         sizes = (qc.shape[0], qc.shape[1], kc.shape[1], qc.shape[2], qc.shape[3])
     b, sq, sk, h, d = sizes
-    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt, v_blocks), tensors, prefix, sizes)
+    hk = h
+    if gqa is not None and kc.dim() == 4:
+        hk = int(kc.shape[2])
+        _gqa.check_heads(int(h), hk, f"{prefix}k_codes", shape_of(kc), f"{prefix}q_codes",
+                         None if gqa is True else gqa)
+    check_fixed_layouts(fp8_expectations(b, sq, sk, h, d, fmt, v_blocks, hk), tensors, prefix, sizes)
     if min(sizes) < 1 or max(sizes) > INT_MAX:
         raise ValueError(f"{prefix}q_codes: sizes B, Sq, Sk, H, D must be in [1, 2^31), got {tuple(sizes)}")
     check_one_cuda_device(names, tensors, prefix)
@@ -267,10 +276,12 @@ def prepared_meta(prepared, varlen=False) -> dict:
     return meta
 
 
-def check_prepared_fp8(prepared, allow_varlen=False, what="this function", e4m3_only=False):
+def check_prepared_fp8(prepared, allow_varlen=False, what="this function", e4m3_only=False, gqa=False):
     """A batched PreparedFP8 (its class is checked by the caller, which owns it): sizes, dtype, format and
-    the six tensors; returns prepared_meta's dict plus "qk_format" and "k_smoothing". e4m3_only: `what`
-    takes E4M3 preparations only (INT8 raises ValueError naming prepared.qk_format)."""
+    the six tensors; returns prepared_meta's dict plus "qk_format", "k_smoothing" and "kv_heads" (k_codes'
+    head count). e4m3_only: `what` takes E4M3 preparations only (INT8 raises ValueError naming
+    prepared.qk_format). gqa: K/V tensors of fewer heads (GQA/MQA) are taken, else ValueError naming
+    prepared.k_codes and `what`."""
     if prepared.is_varlen and not allow_varlen:
         raise ValueError(f"prepared: packed variable-length sequences (cu_seqlens) are not supported by {what}, which "
                          "takes batched [B, S, H, D] preparations only")
@@ -282,12 +293,14 @@ def check_prepared_fp8(prepared, allow_varlen=False, what="this function", e4m3_
     meta.update(qk_format=fmt, k_smoothing=smooth)
     if prepared.is_varlen:
         check_varlen_fp8(prepared.tensors(), prepared.cu_seqlens_q, prepared.cu_seqlens_k, meta["seqlen_q"],
-                         meta["seqlen_k"], fmt)
+                         meta["seqlen_k"], fmt, gqa=True if gqa else what)
+        meta["kv_heads"] = int(prepared.k_codes.shape[-2])
         return meta
     if meta["head_dim"] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"prepared.head_dim: attention_fp8 supports head_dim 128 or 64, got {meta['head_dim']}")
     sizes = (meta["batch"], meta["seqlen_q"], meta["seqlen_k"], meta["heads"], meta["head_dim"])
-    check_fp8_tensors(prepared.tensors(), "prepared.", sizes, fmt)
+    check_fp8_tensors(prepared.tensors(), "prepared.", sizes, fmt, gqa=True if gqa else what)
+    meta["kv_heads"] = int(prepared.k_codes.shape[-2])
     return meta
 
 
@@ -337,16 +350,16 @@ def check_quantized(tensors, input_rank, dtype, fmt="e4m3", smooth=False):
         raise ValueError(f"q_codes: sizes B, Sq, Sk, H, D must be < 2^31, got {(b, sq, sk, h, d)}")
     if bk != b:
         raise ValueError(f"k_codes: expected batch {b} like q_codes, got shape {shape_of(tensors[2])}")
-    if hk != h:
-        raise ValueError(f"k_codes: expected {h} heads like q_codes (GQA/MQA is not supported), got shape "
-                         f"{shape_of(tensors[2])}")
+    _gqa.check_heads(h, hk, "k_codes", shape_of(tensors[2]), "q_codes")
     if dk != d:
         raise ValueError(f"k_codes: expected head_dim {d} like q_codes, got shape {shape_of(tensors[2])}")
     if d not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
                          f"{shape_of(tensors[0])}")
-    sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h} D={d}"
-    for (name, shape, _), x, lay in zip(fp8_expectations(b, sq, sk, h, d, fmt), tensors, lays):
+    sizes_txt = f"{'' if drop else f'B={b} '}Sq={sq} Sk={sk} H={h}{'' if hk == h else f' Hk={hk}'} D={d}"
+    if hk != h:   # GQA / MQA: the K/V side's layouts hold Hk heads
+        lays = lays[:2] + [lay.replace(" H,", " Hk,").replace(" H]", " Hk]") for lay in lays[2:]]
+    for (name, shape, _), x, lay in zip(fp8_expectations(b, sq, sk, h, d, fmt, hk=hk), tensors, lays):
         want = tuple(shape[drop:])
         if shape_of(x) != want:
             hint = (" (the packed V layout of prepare_fp8; token-major [B, Sk, H, D] V codes are not accepted)"
@@ -367,14 +380,15 @@ def check_quantized(tensors, input_rank, dtype, fmt="e4m3", smooth=False):
         if x.device != dev:
             raise ValueError(f"{name}: expected a CUDA tensor on q_codes's device {dev}, got {x.device}")
     t4 = [x.view(torch.uint8) if fp8 is not None and x.dtype == fp8 else x for x in t4]
-    check_fp8_tensors(t4, "", (b, sq, sk, h, d), fmt)   # the layout attention_fp8 checks again
+    check_fp8_tensors(t4, "", (b, sq, sk, h, d), fmt, gqa=True)   # the layout attention_fp8 checks again
     return t4, dict(batch=b, seqlen_q=sq, seqlen_k=sk, heads=h, head_dim=d, input_rank=input_rank, dtype=dtype,
                     qk_format=fmt, k_smoothing=smooth)
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """Checks the packed-sequence arguments of prepare_fp8 (q, k, v [total, H, D]) and returns the sequence
-    count. The offsets are never read: no device-to-host copy, so the call stays graph-capturable."""
+    """Checks the packed-sequence arguments of prepare_fp8 / attention (q [total_q, H, D], k and v
+    [total_k, Hk, D], Hk == H or a divisor of it: GQA/MQA) and returns the sequence count. The offsets are
+    never read: no device-to-host copy, so the call stays graph-capturable."""
     torch = import_torch()
     cus = (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
     for name, cu in cus:
@@ -405,7 +419,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             total = "total_q" if name == "q" else "total_k"
             raise ValueError(f"{name}: packed sequences (cu_seqlens) need rank 3 [{total}, H, D], got shape "
                              f"{shape_of(x)}")
-    check_tokens(q, k, v)     # dtypes, heads, head dim, strides, q's device
+    check_tokens(q, k, v, gqa=True)     # dtypes, heads, head dim, strides, q's device
     for name, cu in cus:
         if cu.device != q.device:
             raise ValueError(f"{name}: expected a CUDA tensor on q's device {q.device}, got {cu.device}")
@@ -501,18 +515,19 @@ def check_op_scalars(softmax_scale, mid_window_blocks=NATURAL_ORDER):
                          f"{mid_window_blocks}")
 
 
-def check_rank4_tokens(op, q, k, v, caller="prepare_fp8"):
+def check_rank4_tokens(op, q, k, v, caller="prepare_fp8", gqa=False):
     """q, k, v of a preparing op: rank-4 [B, S, H, D], then the rules of check_tokens (caller: the function
-    that the head-dim message names)."""
+    that the head-dim message names; gqa: K/V heads may divide q's)."""
     require_tensors(q, k, v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             raise ValueError(f"{name}: open_vc_attn::{op} takes rank-4 [B, S, H, D] tensors, got shape {shape_of(x)}")
-    check_tokens(q, k, v, caller=caller)
+    check_tokens(q, k, v, caller=caller, gqa=gqa)
 
 
-def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3", v_blocks=False):
-    """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k and qk_format fmt); returns (N, total_q,
+def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3", v_blocks=False, gqa=True):
+    """A packed preparation (layout of PreparedFP8 for max_seqlen_q/k and qk_format fmt; K/V tensors of Hk heads,
+    a divisor of H, unless gqa names a function that takes equal head counts only); returns (N, total_q,
     total_k, H, D)."""
     torch = import_torch()
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
@@ -537,9 +552,11 @@ def check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt="e4m3", v_blocks=Fal
             raise ValueError(f"{name}: packed sequences need rank 3 [total, H, D], got shape {shape_of(x)}")
     n = cu_q.shape[0] - 1
     total_q, h, d = tensors[0].shape
-    total_k = tensors[2].shape[0]
-    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, fmt, v_blocks), tensors, "",
-                        f"N={n} H={h} D={d} max_seqlen_q={max_q} max_seqlen_k={max_k}")
+    total_k, hk = tensors[2].shape[0], int(tensors[2].shape[1])
+    _gqa.check_heads(int(h), hk, "k_codes", shape_of(tensors[2]), "q_codes", None if gqa is True else gqa)
+    check_fixed_layouts(varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, fmt, v_blocks, hk), tensors, "",
+                        f"N={n} H={h}{'' if hk == h else f' Hk={hk}'} D={d} max_seqlen_q={max_q} "
+                        f"max_seqlen_k={max_k}")
     if d not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {d} is not supported: expected 128 or 64, got shape "
                          f"{shape_of(tensors[0])}")
@@ -564,8 +581,8 @@ def check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mi
                             p_fmt="expcast", path="auto", v_blocks=False):
     """open_vc_attn::attention_fp8's arguments up to its route: the formats (path "general": E4M3 and ExpCast
     only), the scalars and a batched (offsets None) or packed preparation in the layouts of qk_format fmt
-    (v_blocks: v_descale per key block); returns (packed, sizes): sizes (B, Sq, Sk, H, D) batched,
-    (N, total_q, total_k, H, D) packed."""
+    (v_blocks: v_descale per key block; K/V tensors of Hk heads, a divisor of H: GQA/MQA); returns (packed,
+    sizes): sizes (B, Sq, Sk, H, D) batched, (N, total_q, total_k, H, D) packed."""
     fmt = qk_format(fmt)
     p_format(p_fmt)
     if attention_path(path) == "general":   # before the P format's own rule: the path is what refuses them
@@ -575,7 +592,7 @@ def check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, mi
     check_op_scalars(softmax_scale, mid_window_blocks)
     if cu_q is not None or cu_k is not None:
         return True, check_varlen_fp8(tensors, cu_q, cu_k, max_q, max_k, fmt, v_blocks)
-    sizes = check_fp8_tensors(tensors, "", None, fmt, v_blocks)
+    sizes = check_fp8_tensors(tensors, "", None, fmt, v_blocks, gqa=True)
     if sizes[4] not in PREPARE_HEAD_DIMS:
         raise ValueError(f"q_codes: head_dim {sizes[4]} is not supported: expected 128 or 64")
     return False, sizes

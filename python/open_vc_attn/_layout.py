@@ -54,36 +54,38 @@ def layouts(qk_format="e4m3"):
     return INT8_LAYOUTS if qk_format == "int8" else FP8_LAYOUTS
 
 
-def _qk_descales(n, sq, sk, h, qk_format):
-    """(q_descale shape, k_descale shape) of a preparation of n sequences (Sq, Sk: the max lengths)."""
-    nk = blocks(sk)
+def _qk_descales(n, sq, sk, h, qk_format, hk=None):
+    """(q_descale shape, k_descale shape) of a preparation of n sequences (Sq, Sk: the max lengths; hk: the
+    K/V head count, None: h)."""
+    nk, hk = blocks(sk), h if hk is None else hk
     if qk_format == "int8":
-        return (n, h, sq), (n, h, nk, INT8_KEY_GROUPS)
-    return (n, h, blocks(sq)), (n, h, nk)
+        return (n, h, sq), (n, hk, nk, INT8_KEY_GROUPS)
+    return (n, h, blocks(sq)), (n, hk, nk)
 
 
-def fp8_expectations(b, sq, sk, h, d, qk_format="e4m3", v_blocks=False):
+def fp8_expectations(b, sq, sk, h, d, qk_format="e4m3", v_blocks=False, hk=None):
     """(name, shape, dtype name) of the six prepared tensors of PreparedFP8, in op order. qk_format "int8":
     int8 Q/K codes, q_descale [B, H, Sq] (one per row), k_descale [B, H, ceil(Sk/128), INT8_KEY_GROUPS].
-    v_blocks: v_descale [B, H, ceil(Sk/128)], one per key block (attention_fp8 only)."""
-    nk, codes = blocks(sk), CODE_DTYPES[qk_format]
-    qd, kd = _qk_descales(b, sq, sk, h, qk_format)
+    v_blocks: v_descale [B, H, ceil(Sk/128)], one per key block (attention_fp8 only). hk: the K/V head count
+    (GQA/MQA: the K/V side's tensors hold hk heads where the layouts say H), None: h."""
+    nk, codes, hk = blocks(sk), CODE_DTYPES[qk_format], h if hk is None else hk
+    qd, kd = _qk_descales(b, sq, sk, h, qk_format, hk)
     return (("q_codes", (b, sq, h, d), codes), ("q_descale", qd, "float32"),
-            ("k_codes", (b, sk, h, d), codes), ("k_descale", kd, "float32"),
-            ("v_packed", (b, h, d, nk * QUANT_BLOCK), "uint8"),
-            ("v_descale", (b, h, nk) if v_blocks else (b, h), "float32"))
+            ("k_codes", (b, sk, hk, d), codes), ("k_descale", kd, "float32"),
+            ("v_packed", (b, hk, d, nk * QUANT_BLOCK), "uint8"),
+            ("v_descale", (b, hk, nk) if v_blocks else (b, hk), "float32"))
 
 
-def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, qk_format="e4m3", v_blocks=False):
+def varlen_expectations(n, total_q, total_k, h, d, max_q, max_k, qk_format="e4m3", v_blocks=False, hk=None):
     """(name, shape, dtype name) of a packed-sequence preparation (N sequences), in op order (qk_format
     "int8": q_descale [N, H, max_q], k_descale [N, H, ceil(max_k/128), INT8_KEY_GROUPS], int8 codes;
-    v_blocks: v_descale [N, H, ceil(max_k/128)])."""
-    nk, codes = blocks(max_k), CODE_DTYPES[qk_format]
-    qd, kd = _qk_descales(n, max_q, max_k, h, qk_format)
+    v_blocks: v_descale [N, H, ceil(max_k/128)]; hk: the K/V head count, None: h)."""
+    nk, codes, hk = blocks(max_k), CODE_DTYPES[qk_format], h if hk is None else hk
+    qd, kd = _qk_descales(n, max_q, max_k, h, qk_format, hk)
     return (("q_codes", (total_q, h, d), codes), ("q_descale", qd, "float32"),
-            ("k_codes", (total_k, h, d), codes), ("k_descale", kd, "float32"),
-            ("v_packed", (n, h, d, nk * QUANT_BLOCK), "uint8"),
-            ("v_descale", (n, h, nk) if v_blocks else (n, h), "float32"))
+            ("k_codes", (total_k, hk, d), codes), ("k_descale", kd, "float32"),
+            ("v_packed", (n, hk, d, nk * QUANT_BLOCK), "uint8"),
+            ("v_descale", (n, hk, nk) if v_blocks else (n, hk), "float32"))
 
 
 def vc_expectations(b, sq, sk, h, d):

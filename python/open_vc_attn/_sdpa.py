@@ -1,6 +1,7 @@
 """The BF16 baseline behind ``attention(..., version="reference", mode="bf16")``: torch's
 scaled_dot_product_attention on BF16 copies of q, k, v, with the conventions of the FP8 path (layouts,
-causal mask aligned to the end, a row without visible keys gives 0 and lse -inf), for A/B comparisons.
+causal mask aligned to the end, a row without visible keys gives 0 and lse -inf, GQA / MQA as K/V heads
+repeated), for A/B comparisons.
 
 Arguments arrive checked by api.attention. Imports torch: import lazily.
 """
@@ -30,10 +31,13 @@ def _key_mask(rows, sq, sk, causal, counts, device):
 
 
 def _one(q, k, v, scale, causal, want_lse, counts=None, keep=None):
-    """q [B, Sq, H, D], k and v [B, Sk, H, D] -> out bf16 [B, Sq, H, D] and lse fp32 [B, H, Sq] (or None).
-    counts: optional key counts [B]; keep: optional bool key mask [B, Sk] (non-causal)."""
+    """q [B, Sq, H, D], k and v [B, Sk, Hk, D] -> out bf16 [B, Sq, H, D] and lse fp32 [B, H, Sq] (or None).
+    counts: optional key counts [B]; keep: optional bool key mask [B, Sk] (non-causal). Hk < H (GQA / MQA): each
+    K/V head repeated H // Hk times, the definition of the grouped call."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
+    if k.shape[2] != h:
+        k, v = (x.repeat_interleave(h // k.shape[2], dim=2) for x in (k, v))
     if sk == 0:   # no keys at all (an empty packed sequence)
         lse = torch.full((b, h, sq), float("-inf"), device=q.device) if want_lse else None
         return q.new_zeros((b, sq, h, d), dtype=torch.bfloat16), lse

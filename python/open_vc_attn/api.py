@@ -15,6 +15,10 @@
 - :func:`attention` does both in one call, for batched or packed (cu_seqlens) inputs, causal or not, with
   key padding masks or key counts, head_dim 128 or 64; ``version="reference", mode="bf16"`` runs torch
   SDPA in BF16 instead (A/B runs).
+- Grouped-query attention (GQA / MQA) in all three: k and v may hold Hk heads where q holds H, H a multiple of
+  Hk; query head h attends K/V head h // (H // Hk), bit for bit as attention on k and v with each head repeated
+  H // Hk times (``k.repeat_interleave(H // Hk, dim=-2)``): K and V are quantized per K/V head. The sm_90a fast
+  path only: a call past its range raises ValueError naming k (:mod:`._gqa`).
 
 Two kernels sit behind these, with the same numerics contract: the sm_90a fast path (head_dim 128 and
 64: dense, causal, packed sequences, key counts) and the general path on the CUDA cores (sizes past the
@@ -36,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import _checks
+from . import _checks, _gqa
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS
 from ._perf_warnings import warn_after_call
 
@@ -67,6 +71,10 @@ class PreparedFP8:
     k_codes [total_k, H, D], k_descale [N, H, ceil(max_k/128)] (0 past a sequence's end), v_packed
     [N, H, D, ceil(max_k/128)*128] (each sequence from column 0 of its own slab, zero padding) and
     v_descale [N, H]. :func:`attention_fp8` attends them (as :func:`attention` with cu_seqlens does).
+
+    GQA / MQA (a preparation of k and v with Hk heads, a divisor of H): k_codes, k_descale, v_packed and v_descale
+    hold Hk heads where the layouts above say H (the K/V side: [B, Sk, Hk, D], [B, Hk, ...]; packed likewise);
+    q_codes and q_descale keep H. ``heads`` is H, :attr:`kv_heads` Hk (read from k_codes).
     """
     q_codes: Any
     q_descale: Any
@@ -92,6 +100,11 @@ class PreparedFP8:
         return self.q_codes.device
 
     @property
+    def kv_heads(self) -> int:
+        """The K/V head count Hk (k_codes' head dim): ``heads``, or a divisor of it for a GQA / MQA preparation."""
+        return int(self.k_codes.shape[-2])
+
+    @property
     def is_varlen(self) -> bool:
         """True for a preparation of packed variable-length sequences (cu_seqlens)."""
         return self.cu_seqlens_q is not None or self.cu_seqlens_k is not None
@@ -108,14 +121,15 @@ class PreparedFP8:
 
         input_rank 4: q_codes [B, Sq, H, D], q_descale [B, H, ceil(Sq/128)], k_codes [B, Sk, H, D],
         k_descale [B, H, ceil(Sk/128)], v_packed [B, H, D, ceil(Sk/128)*128], v_descale [B, H].
-        input_rank 3 (one sequence; attention_fp8 then returns [Sq, H, D]): the same without the B axis.
-        Codes are torch.uint8 or torch.float8_e4m3fn (E4M3 bytes), descales torch.float32; every tensor
-        contiguous, on one CUDA device. v_packed must be in the packed layout of prepare_fp8 (per head,
-        dims by keys, keys permuted inside each 16-key group by ``_openvc_ext.PACKED_KEY_ORDER``, zero
-        padding), not token-major V codes. ``dtype`` (torch.bfloat16 or torch.float16, default bfloat16)
-        records the dtype the inputs had; it does not change the results. Nothing is copied: the result
-        holds uint8 views of the given tensors. B, Sq, Sk, H, D are read from q_codes and k_codes; a bad
-        argument raises TypeError / ValueError naming it and what was expected.
+        input_rank 3 (one sequence; attention_fp8 then returns [Sq, H, D]): the same without the B axis. Codes are
+        torch.uint8 or torch.float8_e4m3fn (E4M3 bytes), descales torch.float32; every tensor contiguous, on one
+        CUDA device. GQA / MQA: k_codes [B, Sk, Hk, D] with Hk a divisor of H, and k_descale, v_packed, v_descale of
+        Hk heads (ValueError naming k_codes for an Hk that does not divide H). v_packed must be in the packed layout
+        of prepare_fp8 (per head, dims by keys, keys permuted inside each 16-key group by
+        ``_openvc_ext.PACKED_KEY_ORDER``, zero padding), not token-major V codes. ``dtype`` (torch.bfloat16 or
+        torch.float16, default bfloat16) records the dtype the inputs had; it does not change the results. Nothing
+        is copied: the result holds uint8 views of the given tensors. B, Sq, Sk, H, D are read from q_codes and
+        k_codes; a bad argument raises TypeError / ValueError naming it and what was expected.
 
         qk_format="int8": q_codes and k_codes are torch.int8, q_descale [B, H, Sq] and k_descale
         [B, H, ceil(Sk/128), 8] (the INT8 layouts of :class:`PreparedFP8`; the result keeps the int8 tensors).
@@ -159,12 +173,14 @@ def prepare_fp8(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None
                 seqused_k=None, qk_format="e4m3", k_smoothing=False) -> PreparedFP8:
     """Quantizes ``q, k, v`` for :func:`attention_fp8` (docs/numerics.md section 1).
 
-    q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
-    bfloat16 or float16 CUDA tensors of one dtype and device; D 128 or 64. The head dim must be
+    q: [B, Sq, H, D] or [Sq, H, D] (one sequence); k, v: [B, Sk, Hk, D] (or [Sk, Hk, D] with a rank-3 q), Hk = H
+    or a divisor of it (GQA / MQA: the K/V outputs hold Hk heads, each K/V head quantized once, as each of its
+    repeated copies would be; ValueError naming k otherwise, or where attention_fp8 could not attend it: past the
+    fast path's range). bfloat16 or float16 CUDA tensors of one dtype and device; D 128 or 64. The head dim must be
     contiguous; the other strides may be anything that is a multiple of 8 elements, and the data
     16-byte aligned (nothing is copied to fix a layout). The outputs are new tensors.
 
-    Packed variable-length sequences: q [total_q, H, D], k and v [total_k, H, D], with cu_seqlens_q and
+    Packed variable-length sequences: q [total_q, H, D], k and v [total_k, Hk, D], with cu_seqlens_q and
     cu_seqlens_k int32 CUDA tensors of N + 1 offsets (cu[0] = 0, non-decreasing, cu[N] <= total) and
     max_seqlen_q / max_seqlen_k Python ints >= every sequence's length (an upper bound is fine). The offsets
     are read on the GPU only (no synchronization: their values are not checked). Each sequence is quantized
@@ -225,6 +241,8 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     step for keys 64-127 of each block, more accurate; docs/numerics.md "P format"), which needs an INT8
     preparation: with prepared.qk_format "e4m3" it raises ValueError naming p_format; anything but the two
     strings raises ValueError naming p_format.
+    A GQA / MQA preparation (``prepared.kv_heads`` < ``prepared.heads``) runs on the fast path in every form above
+    (Fp8Inputs::kv_heads); one past its range raises ValueError naming prepared.k_codes.
     """
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
     want_lse, causal = _checks.return_lse(return_lse), _checks.bool_arg(causal, "causal")
@@ -234,9 +252,10 @@ def attention_fp8(prepared, *, softmax_scale=None, causal=False, mid_window_bloc
     _checks.p_format(p_format, fmt, "prepared.qk_format")
     _checks.lse_with_smoothing(want_lse, _checks.k_smoothing(prepared.k_smoothing, "prepared.k_smoothing"),
                                "prepared.k_smoothing")
-    meta = _checks.check_prepared_fp8(prepared, allow_varlen=True)
+    meta = _checks.check_prepared_fp8(prepared, allow_varlen=True, gqa=True)
     reason = _checks.general_path_reason(meta["head_dim"], meta["seqlen_q"], meta["seqlen_k"])
     _checks.require_fast_path(fmt, reason, "prepared.qk_format")
+    _gqa.require_fast_path(meta["heads"], meta["kv_heads"], reason, "prepared.k_codes")
     from . import ops
     tensors, varlen = prepared.tensors(), prepared.is_varlen
     cu_q, cu_k, used = prepared.cu_seqlens_q, prepared.cu_seqlens_k, prepared.seqused_k
@@ -256,12 +275,16 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     """Attention of q, k, v: :func:`prepare_fp8` then ExpCast FP8 attention in one call (the FP8
     intermediates are freed on return), or a BF16 SDPA baseline (``version="reference", mode="bf16"``).
 
-    Batched: q [B, Sq, H, D] or [Sq, H, D]; k, v [B, Sk, H, D] (or [Sk, H, D] with a rank-3 q).
-    Packed sequences: q [total_q, H, D], k and v [total_k, H, D] with cu_seqlens_q / cu_seqlens_k (int32
+    Batched: q [B, Sq, H, D] or [Sq, H, D]; k, v [B, Sk, Hk, D] (or [Sk, Hk, D] with a rank-3 q).
+    Packed sequences: q [total_q, H, D], k and v [total_k, Hk, D] with cu_seqlens_q / cu_seqlens_k (int32
     CUDA tensors of N + 1 offsets; each sequence is quantized and attended separately). max_seqlen_q /
     max_seqlen_k: Python ints >= every sequence's length; when omitted they are read from the offsets,
     which costs one device-to-host synchronization (and so breaks CUDA graph capture and
     torch.compile(fullgraph=True)): pass them there. bfloat16 or float16, head_dim 128 or 64.
+    Hk = H, or a divisor of H (GQA / MQA, every option below): query head h attends K/V head h // (H // Hk), the
+    result bit for bit that of k and v with each head repeated H // Hk times; an Hk that does not divide H, or a
+    grouped call past the fast path's range (the general path takes equal head counts only), raises ValueError
+    naming k before anything runs. The BF16 reference repeats the heads.
 
     softmax_scale None means 1/sqrt(D). causal: key j of a sequence is visible to its query i iff
     j <= i + (Sk - Sq) (aligned to the end); a row that sees no key gives output 0 and lse -inf.
@@ -338,8 +361,12 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         # The op checks the tensors, except where they are used before it (the key mask's gather, the host
         # reads of check_inputs) or instead of it (the BF16 reference): there the same rules run here first.
         early = reference or key_padding_mask is not None or check_inputs
-        q4, k4, v4, rank = _checks.check_tokens(q, k, v, caller="attention") if early else _checks.token_views(q, k, v)
+        q4, k4, v4, rank = (_checks.check_tokens(q, k, v, caller="attention", gqa=True) if early
+                            else _checks.token_views(q, k, v))
         b, sk = int(q4.shape[0]), int(k4.shape[1])
+        reason = _checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk)
+        if not reference:   # before the key mask's gather: a grouped call runs on the fast path only
+            _gqa.require_fast_path(int(q4.shape[2]), int(k4.shape[2]), reason)
         if key_padding_mask is not None:
             if seqused_k is not None:
                 raise ValueError("key_padding_mask, seqused_k: pass one of them, not both")
@@ -365,7 +392,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
                                             batch=b, heads=int(q4.shape[2]))
         from . import ops
         out, lse = ops.call.attention(q4, k4, v4, None, None, 0, 0, seqused_k, *opts, *blocks, causal_chunk)
-        warn_after_call(_checks.general_path_reason(int(q4.shape[-1]), int(q4.shape[1]), sk), sk)
+        warn_after_call(reason, sk)
         return _finish(out, lse, rank, want_lse)
     if key_padding_mask is not None:
         raise ValueError("key_padding_mask: not taken with cu_seqlens (packed sequences have no padding; pass "

@@ -27,13 +27,14 @@ reads a remainder that no longer exists), so it corrupts the cache; capture agai
 is eager Python state (its length): it is not meant to be compiled (torch.compile would break its graph at the
 kernel launches and recompile as the length changes); compile the model around it, or capture a CUDA graph.
 Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
-everything cached), no K smoothing (each piece's own mean would shift its scores).
+everything cached), no K smoothing (each piece's own mean would shift its scores), equal head counts (no GQA /
+MQA: k and v of fewer heads than the cache's raise ValueError naming them).
 """
 from __future__ import annotations
 
 import numbers
 
-from . import _checks
+from . import _checks, _gqa
 from ._layout import QUANT_BLOCK
 
 __all__ = ["FP8KVCache"]
@@ -105,6 +106,9 @@ class FP8KVCache:
         if x.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"{name}: expected dtype torch.bfloat16 or torch.float16, got {x.dtype}")
         want = (self.batch, self.heads, self.head_dim)
+        if name != "q" and x.dim() == 4 and (x.shape[0], x.shape[3]) == (self.batch, self.head_dim):
+            # GQA / MQA: V block descales (the cache's layout) take equal head counts only
+            _gqa.check_heads(self.heads, int(x.shape[2]), name, tuple(x.shape), "the cache", "the FP8 KV cache")
         if x.dim() != 4 or (x.shape[0], x.shape[2], x.shape[3]) != want:
             raise ValueError(f"{name}: expected shape [B={want[0]}, {n_name}, H={want[1]}, D={want[2]}] (the cache's), "
                              f"got {tuple(x.shape)}")

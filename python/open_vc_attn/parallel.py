@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import _checks, api
+from . import _checks, _gqa, api
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS, FAST_HEAD_DIMS, PACKED_KEY_ORDER, QUANT_BLOCK
 
 __all__ = ["ulysses_attention", "attention_with_lse", "merge_attention_states"]
@@ -57,13 +57,19 @@ def _check_args(q, k, v, world_size, fp8_all_to_all):
     q4, k4, v4 = (x.unsqueeze(0) if rank == 3 else x for x in (q, k, v))
     if v4.shape != k4.shape:
         raise ValueError(f"v: expected the shape of k {_checks.shape_of(k)}, got {_checks.shape_of(v)}")
-    if k4.shape[0] != q4.shape[0] or k4.shape[2:] != q4.shape[2:]:
-        raise ValueError(f"k: expected the batch, heads and head_dim of q {_checks.shape_of(q)}, "
+    if k4.shape[0] != q4.shape[0] or k4.shape[3] != q4.shape[3]:
+        raise ValueError(f"k: expected the batch and head_dim of q {_checks.shape_of(q)}, "
                          f"got {_checks.shape_of(k)}")
-    heads = int(q4.shape[2])
+    heads, kv_heads = int(q4.shape[2]), int(k4.shape[2])
+    _gqa.check_heads(heads, kv_heads, "k", _checks.shape_of(k))   # Hk = H, or a divisor of H (GQA / MQA)
     if heads % world_size != 0:
         raise ValueError(f"q: the head count H = {heads} must be divisible by the world size N = {world_size} of "
                          f"group (Ulysses gives each rank H/N whole heads), got shape {_checks.shape_of(q)}")
+    if kv_heads % world_size != 0:
+        raise ValueError(f"k: the K/V head count Hk = {kv_heads} must be divisible by the world size N = {world_size} "
+                         f"of group (GQA / MQA: each rank takes Hk/N whole K/V heads, those of its H/N query heads), "
+                         f"got shape {_checks.shape_of(k)}; repeat k and v's heads to a multiple of N "
+                         f"(k.repeat_interleave(r, dim=-2) with r dividing H / Hk)")
     if fp8_all_to_all:
         for name, x in (("q", q4), ("k", k4)):
             if x.shape[1] % QUANT_BLOCK != 0:
@@ -73,7 +79,7 @@ def _check_args(q, k, v, world_size, fp8_all_to_all):
                     f"{name} shard length S/N = {x.shape[1]} ({name} shape {_checks.shape_of(x)}); pad the sequence "
                     f"to a multiple of {QUANT_BLOCK * world_size} tokens, or use fp8_all_to_all=False")
     # dtype, empty dims, head dim 128 or 64, requires_grad, strides, device (last)
-    _checks.check_tokens(q4, k4, v4, head_dims=FAST_HEAD_DIMS, caller="attention")
+    _checks.check_tokens(q4, k4, v4, head_dims=FAST_HEAD_DIMS, caller="attention", gqa=True)
     return q4, k4, v4, rank
 
 
@@ -232,11 +238,10 @@ def _ulysses(q, k, v, group, softmax_scale, mid_window_blocks, return_lse, fp8_a
         with timer("attention"):
             res = api.attention(qh, kh, vh, qk_format=fmt, k_smoothing=smooth, **opts)
     else:
-        heads = int(q4.shape[2])
-        hl = heads // world
+        hl = int(k4.shape[2]) // world   # this rank's K/V heads (H/N query heads: the same with equal head counts)
         with timer("quantize"):
             prep = api.prepare_fp8(q4, k4, v4, qk_format=fmt)   # Q/K: the single-GPU groups; its V is unused
-            amax = _v_amax(v4)                    # [B, H] over this shard
+            amax = _v_amax(v4)                    # [B, Hk] over this shard
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)   # exact: the whole sequence's amax
             v_codes, v_descale = _quantize_v(v4, amax)
         with timer("all_to_all"):
@@ -267,7 +272,9 @@ def ulysses_attention(q, k, v, *, group=None, softmax_scale=None, mid_window_blo
 
     q, k, v: this rank's sequence shard, ``[B, S/N, H, D]`` (or ``[S/N, H, D]``), rank r holding global
     tokens ``r*S/N .. (r+1)*S/N - 1``; bfloat16 or float16 CUDA tensors, D = 128 or 64, H divisible by N (else
-    ValueError naming q). k and v may have another length than q (cross-attention), same B, H, D.
+    ValueError naming q). k and v may have another length than q (cross-attention), same B and D, and Hk heads:
+    H, or a divisor of H (GQA / MQA) that N divides too (else ValueError naming k): rank r then gets K/V heads
+    ``r*Hk/N .. (r+1)*Hk/N - 1``, exactly the K/V heads of its query heads.
 
     Steps: all-to-all (``torch.distributed.all_to_all_single`` on contiguous buffers, current stream) from
     ``[B, S/N, H, D]`` to ``[B, S, H/N, D]`` (rank r gets heads ``r*H/N .. (r+1)*H/N - 1``, tokens in global

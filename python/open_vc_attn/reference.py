@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from . import _ext
+from . import _ext, _gqa
 from ._layout import DEFAULT_MID_WINDOW_BLOCKS
 
 QUANT_BLOCK = 128      # tokens per Q/K scale group, also the key tile
@@ -134,18 +134,22 @@ class _Layout(NamedTuple):
     cu_k: Optional[list]
 
 
-def _qkv(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None):
-    """Checks q, k, v (and packed offsets) together; returns float32 arrays and their layout."""
+def _qkv(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, gqa=None):
+    """Checks q, k, v (and packed offsets) together; returns float32 arrays and their layout. k and v of Hk
+    heads, a divisor of q's H (GQA / MQA), come back with each head repeated H // Hk times (np.repeat: torch's
+    repeat_interleave), the definition of the grouped call; gqa names a function that takes equal head counts
+    only (its message)."""
     q, k, v = _tokens(q, "q"), _tokens(k, "k"), _tokens(v, "v")
     for name, x in (("k", k), ("v", v)):
         if x.ndim != q.ndim:
             raise ValueError(f"{name}: expected rank {q.ndim} like q, got shape {x.shape}")
-    if k.shape[-2] != q.shape[-2]:
-        raise ValueError(f"k: expected {q.shape[-2]} heads like q, got shape {k.shape}")
+    _gqa.check_heads(q.shape[-2], k.shape[-2], "k", k.shape, what=gqa)
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"k: expected head_dim {q.shape[-1]} like q, got shape {k.shape}")
     if v.shape != k.shape:
         raise ValueError(f"v: expected the shape of k {k.shape}, got {v.shape}")
+    if k.shape[-2] != q.shape[-2]:
+        k, v = (np.ascontiguousarray(np.repeat(x, q.shape[-2] // x.shape[-2], axis=-2)) for x in (k, v))
     if q.ndim == 4 and q.shape[0] != k.shape[0]:
         raise ValueError(f"k: expected batch {q.shape[0]} like q, got shape {k.shape}")
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
@@ -324,6 +328,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, mid_window_blocks=DE
     softmax_scale None means 1/sqrt(D). mid_window_blocks None visits key blocks in natural order.
     query_tile is the number of query rows sharing one traversal order (the kernel's CTA tile).
     repair_budget in [0, 1) is the fraction of V tokens per head that get a residual repair row.
+    k and v may hold Hk heads, a divisor of q's H (GQA / MQA): computed on each K/V head repeated H // Hk times,
+    which is the definition (and the GPU kernels' result, bit for bit).
     With return_lse, returns (out, lse): lse (natural log, float32) is [B, H, S], [H, S] for a rank-3
     input, or [nseq, H, max_len] for packed input (rows past a sequence's length are unspecified).
     """
@@ -340,7 +346,8 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, mid_window_blocks=DE
 def attention_exact(q, k, v, *, softmax_scale=None, causal=False, return_lse=False, cu_seqlens_q=None,
                     cu_seqlens_k=None):
     """Exact softmax attention in FP64 on the unquantized inputs; out float64 of q's shape (lse as in
-    :func:`attention`, float64). Causal masking aligns the last query with the last key."""
+    :func:`attention`, float64). Causal masking aligns the last query with the last key. GQA / MQA as in
+    :func:`attention` (K/V heads repeated)."""
     q, k, v, layout = _qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
     out, lse = _ext.load().attention_exact(q, k, v, layout.cu_q, layout.cu_k,
                                            softmax_scale=_softmax_scale(softmax_scale),
@@ -361,9 +368,10 @@ def attention_vc(q, k, v, permutation=None, *, softmax_scale=None, query_tile=12
     """VC-Attention baseline (section 7: V-Smooth + ExpCast, natural key order, non-causal).
 
     permutation: the output of :func:`vc_grouping` on this v (reusable across denoising steps), or None
-    to compute it. Returns out float32 of q's shape, and lse like :func:`attention` with return_lse.
+    to compute it. Returns out float32 of q's shape, and lse like :func:`attention` with return_lse. Equal
+    head counts only (like the GPU baseline: ValueError naming k for GQA / MQA).
     """
-    q, k, v, layout = _qkv(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    q, k, v, layout = _qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, gqa="the VC baseline (attention_vc)")
     perm = None
     if permutation is not None:
         if not isinstance(permutation, np.ndarray) or not np.issubdtype(permutation.dtype, np.integer):

@@ -93,13 +93,14 @@ def prepare_v_repair(q, k, v, budget=0.005, selection="energy", *, prepared=None
     """Quantizes ``q, k, v`` (:func:`open_vc_attn.prepare_fp8`, unless ``prepared`` is given) and builds V
     residual repair rows for ``round(budget * Sk)`` tokens per (batch, head).
 
-    q, k, v: as for :func:`open_vc_attn.attention` (batched [B, S, H, D] or one sequence [S, H, D], bfloat16
-    or float16 CUDA tensors, head_dim 128). budget: float in [0, 1); one that selects zero tokens gives the
-    plain path. selection: "energy" (GPU, the reference's order) or "attention" (energy x estimated column
-    mass over ``sample_rows`` query rows). prepared: an existing batched PreparedFP8 of exactly these q, k, v
-    (skips re-quantizing; packed cu_seqlens preparations are rejected). qk_format: "e4m3" only: the repair
-    rows copy E4M3 K codes and their block descales, so qk_format="int8" (or an INT8 ``prepared``) raises
-    ValueError naming qk_format (prepared.qk_format).
+    q, k, v: as for :func:`open_vc_attn.attention` (batched [B, S, H, D] or one sequence [S, H, D], bfloat16 or
+    float16 CUDA tensors, head_dim 128), with equal head counts: the repair rows are built per query head, so GQA /
+    MQA (k and v of fewer heads) raises ValueError naming k (a grouped ``prepared``: prepared.k_codes). budget:
+    float in [0, 1); one that selects zero tokens gives the plain path. selection: "energy" (GPU, the reference's
+    order) or "attention" (energy x estimated column mass over ``sample_rows`` query rows). prepared: an existing
+    batched PreparedFP8 of exactly these q, k, v (skips re-quantizing; packed cu_seqlens preparations are rejected).
+    qk_format: "e4m3" only: the repair rows copy E4M3 K codes and their block descales, so qk_format="int8" (or an
+    INT8 ``prepared``) raises ValueError naming qk_format (prepared.qk_format).
     """
     _checks.require_e4m3(_checks.qk_format(qk_format), "V residual repair")
     budget = _checks_baselines.budget(budget)
@@ -130,7 +131,8 @@ def attention_v_repair(prepared, *, mid_window_blocks=DEFAULT_MID_WINDOW_BLOCKS,
     :func:`open_vc_attn.attention_fp8`, then the repair rows, which add to the numerator only.
 
     prepared: a :class:`PreparedRepair` (of an E4M3 preparation: INT8 raises ValueError naming
-    prepared.qk_format). Same arguments and results as :func:`open_vc_attn.attention_fp8`; with rows == 0
+    prepared.qk_format; a GQA / MQA preparation ValueError naming prepared.k_codes). Same arguments and results as
+    :func:`open_vc_attn.attention_fp8`; with rows == 0
     this is exactly that function. p_format: "expcast" only (the repair path computes P with ExpCast): "exp2"
     raises ValueError naming p_format.
     """

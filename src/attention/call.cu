@@ -65,6 +65,7 @@ int split_tiles_grid(const AttentionCall& c) {
 Layout layout_of(const AttentionCall& c) {
   const Shape s = shape_of(c);
   const int64_t gh = s.groups * c.heads, nq = num_quant_blocks(s.sq), nk = num_quant_blocks(s.sk);
+  const int64_t kv = kv_heads_or(c.heads, c.kv_heads), ghk = s.groups * kv;   // K/V heads (grouped-query)
   const bool int8 = c.qk_format == QkFormat::kInt8;
   Layout l{};
   size_t at = 0;
@@ -75,10 +76,10 @@ Layout layout_of(const AttentionCall& c) {
   };
   l.q_codes = part(size_t(s.rows_q) * c.heads * c.head_dim);
   l.q_descale = part(size_t(gh) * (int8 ? s.sq : nq) * sizeof(float));
-  l.k_codes = part(size_t(s.rows_k) * c.heads * c.head_dim);
-  l.k_descale = part(size_t(gh) * nk * (int8 ? kInt8KeyGroups : 1) * sizeof(float));
-  l.v_packed = part(size_t(gh) * c.head_dim * packed_seqlen_k(s.sk));
-  l.v_descale = part(size_t(gh) * sizeof(float));
+  l.k_codes = part(size_t(s.rows_k) * kv * c.head_dim);
+  l.k_descale = part(size_t(ghk) * nk * (int8 ? kInt8KeyGroups : 1) * sizeof(float));
+  l.v_packed = part(size_t(ghk) * c.head_dim * packed_seqlen_k(s.sk));
+  l.v_descale = part(size_t(ghk) * sizeof(float));
   l.prep_bytes = prepare_workspace_bytes(int(s.groups), c.heads, int(s.sk), c.k_smoothing);
   l.prep = part(l.prep_bytes);
   // The LSE's layout: [B, H, Sq] batched, [H, total_q] packed.
@@ -99,6 +100,9 @@ Status invalid(const std::string& field, const std::string& what) {
 // naming their own params fields.
 Status validate_sizes(const AttentionCall& c) {
   if (c.heads <= 0) return invalid("heads", "must be > 0, got " + std::to_string(c.heads));
+  if (c.kv_heads < 0 || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
+    return invalid("kv_heads", "must be 0 (heads) or a divisor of heads = " + std::to_string(c.heads) +
+                                   " (grouped-query attention), got " + std::to_string(c.kv_heads));
   if (c.head_dim != 64 && c.head_dim != 128)
     return Status::Unsupported("attention: call.head_dim must be 128 or 64, got " + std::to_string(c.head_dim));
   if (packed(c)) {
@@ -158,6 +162,9 @@ Status attention_path(const AttentionCall& c, int device, AttentionPath* path, s
     why = "ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32 (past the fast path's 32-bit range)";
   *path = why.empty() ? AttentionPath::kFast : AttentionPath::kGeneral;
   if (reason != nullptr) *reason = why;
+  if (!why.empty() && kv_heads_or(c.heads, c.kv_heads) != c.heads)
+    return Status::Unsupported("attention: call.kv_heads (grouped-query attention) runs on the sm_90a fast path only, "
+                               "which does not take this call: " + why);
   if (!why.empty() && c.qk_format == QkFormat::kInt8)
     return Status::Unsupported("attention: call.qk_format kInt8 runs on the sm_90a fast path only, which does not "
                                "take this call: " + why);
@@ -194,6 +201,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.v_packed = at<uint8_t>(workspace, l.v_packed), p.v_descale = at<float>(workspace, l.v_descale);
   p.workspace = at<void>(workspace, l.prep), p.workspace_bytes = l.prep_bytes;
   p.k_smoothing = c.k_smoothing;
+  p.kv_heads = c.kv_heads;
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
   // E4M3 calls, plain or causal, batched or packed: the kernel quantizes Q per tile (kFusedQMode), so the
@@ -210,7 +218,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   Fp8Inputs in;
   in.batch = c.batch, in.seqlen_q = c.seqlen_q, in.seqlen_k = c.seqlen_k, in.heads = c.heads, in.head_dim = c.head_dim;
   in.q_codes = p.q_codes, in.q_descale = p.q_descale, in.k_codes = p.k_codes, in.k_descale = p.k_descale;
-  in.v_packed = p.v_packed, in.v_descale = p.v_descale, in.qk_format = c.qk_format;
+  in.v_packed = p.v_packed, in.v_descale = p.v_descale, in.qk_format = c.qk_format, in.kv_heads = c.kv_heads;
   if (path == AttentionPath::kFast) {
     AttentionParams a;
     a.in = in;

@@ -77,7 +77,8 @@ __device__ __forceinline__ void write_q_dot_k_mean(const QkArgs& args, const Seq
   constexpr int kC = TL::kChunksPerToken;
   const TokenArgs& q = args.side[0].in;
   float m[16];
-  load_means<D>(args.k_mean + (static_cast<int64_t>(c.b) * args.heads + c.h) * D, m);
+  const int g = args.kv_group;   // GQA: query head h takes the means of K/V head h / g
+  load_means<D>(args.k_mean + (static_cast<int64_t>(c.b) * (args.heads / g) + c.h / g) * D, m);
   const int t = threadIdx.x / kC, sub = threadIdx.x % kC;
   const int valid = span.len - token0;
   float* out = args.q_dot_k_mean + token0 +

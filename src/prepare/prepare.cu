@@ -163,6 +163,12 @@ Status validate(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.qk_format must be kE4M3 or kInt8");
   const Dims d = dims_of(p);
   OPENVC_RETURN_IF_ERROR(check_positive("heads", p.heads));
+  if (p.kv_heads < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0))
+    return Status::Invalid("prepare_fp8: params.kv_heads must be 0 (the heads of q) or a divisor of heads = " +
+                           std::to_string(p.heads) + " (grouped-query attention), got " + std::to_string(p.kv_heads));
+  if (kv_heads_or(p.heads, p.kv_heads) != p.heads && uses_cache_fields(p))
+    return Status::Unsupported("prepare_fp8: params.kv_heads: the KV-cache fields take K and V with the heads of q "
+                               "(kv_heads 0 or heads)");
   if (p.head_dim != 128 && p.head_dim != 64)
     return Status::Unsupported("prepare_fp8: params.head_dim must be 128 or 64, got " + std::to_string(p.head_dim));
   // Q omitted (q.data, q_codes and q_descale all null): K and V only, for an attention kernel that
@@ -251,13 +257,15 @@ template <typename T, int D>
 Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t stream) {
   auto* v_amax = static_cast<uint32_t*>(p.workspace);
   const Dims d = dims_of(p);
-  const int64_t bh = static_cast<int64_t>(d.nseq) * p.heads;
+  // K and V per K/V head (grouped-query attention: kv_heads < heads), Q per query head.
+  const int kv_heads = kv_heads_or(p.heads, p.kv_heads);
+  const int64_t bh = static_cast<int64_t>(d.nseq) * kv_heads;
   const WorkspaceLayout ws = workspace_layout(d.nseq, p.heads, d.sk, p.k_smoothing);
   float* k_mean = nullptr;
   if (p.k_smoothing) {  // K channel means (smoothing.cuh) before the Q/K quantization reads them
     prepare::SmoothArgs sa{};
     sa.in = token_args(p.k, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
-    sa.heads = p.heads;
+    sa.heads = kv_heads;
     sa.nblocks = static_cast<int>(num_quant_blocks(d.sk));
     sa.block_sums = reinterpret_cast<double*>(static_cast<char*>(p.workspace) + ws.block_sums);
     sa.mean = k_mean = reinterpret_cast<float*>(static_cast<char*>(p.workspace) + ws.means);
@@ -280,20 +288,41 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   qk.zero_count = extras.zero_words != nullptr ? extras.zero_count : 0;
   const bool cache = uses_cache_fields(p);
   if (cache) qk.cache = cache_args(p, d.sk, qk.side[1].nblocks);
-  const int64_t qk_ctas = bh * (qk.side[0].nblocks + qk.side[1].nblocks);
-  if (cache) {
-    launch_qk<T, D, false, true>(p, qk, qk_ctas, stream);
-  } else if (p.k_smoothing) {
-    launch_qk<T, D, true>(p, qk, qk_ctas, stream);
+  const char* qk_kernel = p.qk_format == QkFormat::kInt8 ? "quantize_qk_int8_kernel launch" : "quantize_qk_kernel launch";
+  auto launch_qk_grid = [&](const prepare::QkArgs& args) {
+    const int64_t ctas = int64_t(d.nseq) * args.heads * (args.side[0].nblocks + args.side[1].nblocks);
+    if (ctas == 0) return;
+    if (cache) {
+      launch_qk<T, D, false, true>(p, args, ctas, stream);
+    } else if (p.k_smoothing) {
+      launch_qk<T, D, true>(p, args, ctas, stream);
+    } else {
+      launch_qk<T, D, false>(p, args, ctas, stream);
+    }
+  };
+  if (kv_heads == p.heads || qk.side[0].nblocks == 0) {
+    qk.heads = kv_heads;   // equal head counts, or K alone: one grid over the K/V heads
+    launch_qk_grid(qk);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR(qk_kernel);
   } else {
-    launch_qk<T, D, false>(p, qk, qk_ctas, stream);
+    // Grouped-query attention with Q: one grid walks (sequence, head, block) over a single head count, so Q's blocks
+    // (heads) and K's (kv_heads) take a launch each, both ordinary. Q's zeroes the V amax slots of its heads too,
+    // which the workspace has (prepare_workspace_bytes is sized with heads); K's, launched after it, zeroes them
+    // again before v_amax_kernel, which waits for that grid, adds to them.
+    prepare::QkArgs q_only = qk, k_only = qk;
+    q_only.side[1].nblocks = 0;
+    q_only.kv_group = p.heads / kv_heads;
+    k_only.side[0].nblocks = 0;
+    k_only.heads = kv_heads;
+    launch_qk_grid(q_only);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR(qk_kernel);
+    launch_qk_grid(k_only);
+    OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR(qk_kernel);
   }
-  OPENVC_CUDA_RETURN_IF_LAUNCH_ERROR(p.qk_format == QkFormat::kInt8 ? "quantize_qk_int8_kernel launch"
-                                                                    : "quantize_qk_kernel launch");
 
   prepare::VArgs va{};
   va.in = token_args(p.v, d.sk, p.cu_seqlens_k, p.total_k, p.seqused_k);
-  va.heads = p.heads;
+  va.heads = kv_heads;
   va.nblocks = static_cast<int>(num_quant_blocks(d.sk));
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;

@@ -108,6 +108,9 @@ struct QkArgs {
   // kernel that follows the preparation reads them); null: none.
   int* zero_words;
   int zero_count;
+  // Grouped-query attention (PrepareParams::kv_heads): query heads per K/V head. The Q blocks' q_dot_k_mean reads
+  // the means of K/V head h / kv_group (heads / kv_group of them per sequence). 1 without it.
+  int kv_group = 1;
 };
 
 struct VArgs {

@@ -41,7 +41,7 @@ def ovd(policy):
 def stand_in(torch, ovd, policy, monkeypatch):
     """openvc's fast path on the CPU: records (q shape, k shape, key counts or None, causal, scale) of each
     call, with "mask" or "counts" appended where it had keys cut (a key mask or key counts, seqused_k), and
-    computes torch SDPA in FP32 with them."""
+    computes torch SDPA in FP32 with them (k and v of fewer heads: GQA / MQA, as openvc takes them)."""
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     seen = []
 
@@ -55,7 +55,8 @@ def stand_in(torch, ovd, policy, monkeypatch):
             seen[-1] += ("counts" if seqused_k is not None else "mask",)
         mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
         out = torch.nn.functional.scaled_dot_product_attention(
-            *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=mask, scale=scale, is_causal=causal)
+            *(x.transpose(1, 2).float() for x in (q, k, v)), attn_mask=mask, scale=scale, is_causal=causal,
+            enable_gqa=k.shape[2] != q.shape[2])
         return out.transpose(1, 2).to(torch.bfloat16)
 
     monkeypatch.setattr(ovd, "_fast_attention", fast)

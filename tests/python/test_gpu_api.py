@@ -100,7 +100,9 @@ def test_errors_shapes_and_dtypes(torch, fn):
         (ValueError, "q: expected rank 4", cpu_qkv(torch, q=z(8, 256, dtype=bf))),
         (ValueError, "k: expected rank 4", cpu_qkv(torch, k=z(8, 2, 128, dtype=bf))),
         (ValueError, "k: expected batch 1", cpu_qkv(torch, k=z(2, 8, 2, 128, dtype=bf), v=z(2, 8, 2, 128, dtype=bf))),
-        (ValueError, r"GQA/MQA \(unequal head counts\) is not supported",
+        (ValueError, r"^k: expected 2 heads like q, or a divisor of 2 \(GQA/MQA",   # 3 K/V heads do not divide 2
+         cpu_qkv(torch, k=z(1, 8, 3, 128, dtype=bf), v=z(1, 8, 3, 128, dtype=bf))),
+        (ValueError, "q: expected a CUDA tensor, got device cpu",   # GQA / MQA: 1 K/V head for 2 query heads
          cpu_qkv(torch, k=z(1, 8, 1, 128, dtype=bf), v=z(1, 8, 1, 128, dtype=bf))),
         (ValueError, "k: expected head_dim 128",
          cpu_qkv(torch, k=z(1, 8, 2, 64, dtype=bf), v=z(1, 8, 2, 64, dtype=bf))),

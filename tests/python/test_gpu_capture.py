@@ -12,8 +12,8 @@ mechanism itself on this machine: a driver synchronization made through ctypes, 
 refused and fails the capture.
 
 Covered: open_vc_attn.attention (dense, causal, cross lengths, head_dim 64, FP16 out, key counts, packed
-sequences with and without key counts, INT8 with K smoothing and exp2 P, LSE), prepare_fp8 + attention_fp8
-(batched, packed with key counts, INT8), the general path's op, V residual repair and the VC baseline (whose
+sequences with and without key counts, INT8 with K smoothing and exp2 P, LSE, MQA), prepare_fp8 + attention_fp8
+(batched, packed with key counts, INT8, MQA), the general path's op, V residual repair and the VC baseline (whose
 test files capture them too). Tests marked `gpu` need torch and an sm_90 device (conftest.py skips them
 otherwise). On an H200: python3 -m pytest -q -rs tests/python/test_gpu_capture.py
 """
@@ -104,6 +104,12 @@ ATTENTION = {   # name: (call, input sets)
     "int8_packed_lse": (lambda q, k, v, cq, ck: open_vc_attn.attention(q, k, v, qk_format="int8", return_lse=True,
                                                                        **_varlen(cq, ck)),
                         lambda t: packed(t, 120)),
+    # GQA / MQA: one K/V head (a view of head 0) for the two query heads
+    "mqa_causal_lse": (lambda q, k, v: open_vc_attn.attention(q, k[:, :, :1], v[:, :, :1], causal=True,
+                                                              return_lse=True), lambda t: batched(t, 130)),
+    "mqa_int8_smoothing_packed": (lambda q, k, v, cq, ck: open_vc_attn.attention(
+        q, k[:, :1], v[:, :1], qk_format="int8", k_smoothing=True, return_lse=True, **_varlen(cq, ck)),
+        lambda t: packed(t, 140)),
 }
 
 
@@ -151,6 +157,7 @@ PREPARED = {
     "int8_smoothing_exp2": (_prepared_int8, lambda t: batched(t, 220)),
     "general_batched_causal": (_general_batched, lambda t: batched(t, 230)),
     "general_packed": (_general_packed, lambda t: packed(t, 240)),
+    "mqa_batched": (lambda q, k, v: _prepared_batched(q, k[:, :, :1], v[:, :, :1]), lambda t: batched(t, 250)),
 }
 
 

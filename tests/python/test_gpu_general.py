@@ -129,12 +129,14 @@ def test_errors_attention_fp8_causal_option(torch):
 
 
 def test_errors_shapes_reach_every_version(torch):
-    """Both versions share the tensor checks: GQA, head dims, dtypes, grad, empty dims, layout, device."""
+    """Both versions share the tensor checks: K/V head counts, head dims, dtypes, grad, empty dims, layout, device."""
     z, bf = torch.zeros, torch.bfloat16
     q, k, v = cpu_qkv(torch)
     for version, mode in (("open-vc", "expcast"), ("reference", "bf16")):
         f = lambda *a, **kw: open_vc_attn.attention(*a, version=version, mode=mode, **kw)
-        with pytest.raises(ValueError, match=r"GQA/MQA \(unequal head counts\) is not supported"):
+        with pytest.raises(ValueError, match=r"^k: expected 2 heads like q, or a divisor of 2 \(GQA/MQA"):
+            f(q, z(1, 8, 3, 128, dtype=bf), z(1, 8, 3, 128, dtype=bf))
+        with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):   # GQA / MQA passes the shape checks
             f(q, z(1, 8, 1, 128, dtype=bf), z(1, 8, 1, 128, dtype=bf))
         with pytest.raises(ValueError, match="^q: head_dim 96 is not supported: attention takes 128 or 64"):
             f(*cpu_qkv(torch, (1, 8, 2, 96)))

@@ -109,7 +109,8 @@ def test_varlen_argument_errors(torch):
          dict(q=z(1, 10, 2, 128, dtype=bf))),
         (ValueError, r"v: packed sequences \(cu_seqlens\) need rank 3 \[total_k, H, D\]",
          dict(v=z(1, 10, 2, 128, dtype=bf))),
-        (ValueError, "k: expected 2 heads like q", dict(k=z(10, 1, 128, dtype=bf), v=z(10, 1, 128, dtype=bf))),
+        (ValueError, "k: expected 2 heads like q, or a divisor", dict(k=z(10, 3, 128, dtype=bf),
+                                                                     v=z(10, 3, 128, dtype=bf))),
         (TypeError, "v: expected dtype torch.bfloat16 like q", dict(v=z(10, 2, 128, dtype=torch.float16))),
         (ValueError, "q: head_dim 96 is not supported", dict(q=z(10, 2, 96, dtype=bf), k=z(10, 2, 96, dtype=bf),
                                                             v=z(10, 2, 96, dtype=bf))),
@@ -348,7 +349,10 @@ def test_from_quantized_rejects_on_gpu(torch):
          dict(v_packed=p.v_packed.permute(0, 3, 1, 2).contiguous().permute(0, 2, 3, 1))),
         (ValueError, r"v_descale: expected a CUDA tensor on q_codes's device", dict(v_descale=p.v_descale.cpu())),
         (ValueError, "q_codes: expected a CUDA tensor, got device cpu", dict(q_codes=p.q_codes.cpu())),
-        (ValueError, "k_codes: expected 2 heads like q_codes", dict(k_codes=p.k_codes[:, :, :1].contiguous())),
+        (ValueError, "k_codes: expected 2 heads like q_codes, or a divisor",
+         dict(k_codes=torch.cat([p.k_codes, p.k_codes[:, :, :1]], dim=2))),
+        # one K/V head (MQA) is a valid head count: the K/V tensors of two heads then have the wrong shape
+        (ValueError, r"k_descale: expected shape \(1, 1, 3\)", dict(k_codes=p.k_codes[:, :, :1].contiguous())),
         (TypeError, r"k_descale: expected dtype torch\.float32", dict(k_descale=p.k_descale.double())),
     ]
     for exc, msg, over in cases:

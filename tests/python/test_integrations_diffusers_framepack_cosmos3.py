@@ -62,14 +62,14 @@ def test_hunyuan_video_framepack_batch_2(torch, ovd, policy, stand_in):
 
 # ---- Cosmos 3: causal text pathway and full generation pathway, GQA ---------------------------------------
 
-def cosmos3(torch, kv_heads, text):
-    """Cosmos3OmniTransformer, 2 query heads of 64 and kv_heads key/value heads, 2 layers; the packed sequence as
+def cosmos3(torch, kv_heads, text, heads=2):
+    """Cosmos3OmniTransformer, `heads` query heads of 64 and kv_heads key/value heads, 2 layers; the packed sequence as
     the pipeline builds it: `text` prompt tokens (the causal "understanding" prefix), then one video latent
     4 x 2 x 16 x 16 -> 128 tokens whose first frame is the image condition (the second frame is predicted).
     Returns the model in a module whose forward gives the first item's prediction (Cosmos 3's forward returns
     per-item lists), so that run_three_ways can compare it."""
-    model = build(torch, "Cosmos3OmniTransformer", head_dim=64, hidden_size=128, intermediate_size=64,
-                  num_attention_heads=2, num_key_value_heads=kv_heads, num_hidden_layers=2, latent_channel=4,
+    model = build(torch, "Cosmos3OmniTransformer", head_dim=64, hidden_size=64 * heads, intermediate_size=64,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=2, latent_channel=4,
                   latent_patch_size=2, patch_latent_dim=16, vocab_size=64, rope_axes_dim=(12, 10, 10))
 
     class FirstItem(torch.nn.Module):
@@ -114,14 +114,27 @@ def test_cosmos3_long_prompt_causal(torch, ovd, policy, stand_in):
     assert rel_l2(out, ref) < STAND_IN_REL_L2
 
 
-def test_cosmos3_gqa_stays_on_the_fallback(torch, ovd, policy, stand_in):
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_cosmos3_gqa_reaches_openvc(torch, ovd, kv_heads, policy, stand_in):
     """Fewer key/value heads than query heads (the released config: 32 query heads, 8 key/value heads) and
-    enable_gqa=True in both calls: openvc's kernel takes equal head counts only, so every call stays on
-    diffusers' native backend, bit for bit the unwrapped model."""
-    model, inputs = cosmos3(torch, kv_heads=1, text=64)
+    enable_gqa=True in both calls: openvc takes grouped-query attention (key/value heads dividing the query
+    heads) as it is, k and v of kv_heads heads, so both calls of each layer reach it (MQA: 1 of 4 heads; GQA:
+    2 of 4)."""
+    model, inputs = cosmos3(torch, kv_heads=kv_heads, text=64, heads=4)
     ref, out, stats = run_three_ways(torch, ovd, model, inputs, small_policy(policy, 64))
-    assert stand_in == [] and torch.equal(out, ref)
-    assert stats == {("fallback", "gqa (unequal head counts)"): 4}
+    assert stand_in == [((1, 64, 4, 64), (1, 64, kv_heads, 64), None, True, None),
+                        ((1, 128, 4, 64), (1, 192, kv_heads, 64), None, False, None)] * 2
+    assert stats == {("openvc", ""): 4}
+    assert rel_l2(out, ref) < STAND_IN_REL_L2
+
+
+def test_cosmos3_gqa_heads_that_do_not_divide_stay_on_the_fallback(torch, ovd, policy, stand_in):
+    """The policy's rule for head counts that do not divide (diffusers' own model config requires that they do,
+    so a grouped call of Cosmos 3 always reaches openvc): the fallback, with the reason."""
+    q = torch.zeros(1, 128, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 192, 3, 64, dtype=torch.bfloat16)
+    assert policy.choose_path(q, k, k, policy=small_policy(policy, 64)) == (
+        policy.FALLBACK, "gqa: 3 key/value heads do not divide 4 query heads")
 
 
 # ---- JoyImage Edit: joint [image / video; text] attention ------------------------------------------------

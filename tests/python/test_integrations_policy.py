@@ -107,7 +107,7 @@ def test_key_padding_masks_and_causal_self_attention_take_openvc(mask_shape, dty
     (dict(sq=DEFAULT.min_query_tokens - 1), "short query"),
     (dict(sq=S, sk=DEFAULT.min_key_tokens - 1), "few keys"),
     (dict(d=96), "head_dim 96"),                      # neither 128 nor 64
-    (dict(h=12, hk=4), "gqa"),
+    (dict(h=12, hk=5), "gqa: 5 key/value heads do not divide 12 query heads"),
     (dict(dtype="torch.float32"), "dtype"),
     (dict(requires_grad=True), "requires_grad"),
     (dict(device=Device("cpu", None)), "device"),
@@ -115,6 +115,35 @@ def test_key_padding_masks_and_causal_self_attention_take_openvc(mask_shape, dty
 def test_shapes_and_kinds_fall_back(shape_kw, prefix):
     path, why = policy.choose_path(*qkv(**shape_kw))
     assert path == policy.FALLBACK and why.startswith(prefix), why
+
+
+@pytest.mark.parametrize("h, hk", [(12, 4), (32, 8), (12, 1), (12, 12)])
+def test_grouped_query_attention_takes_openvc(h, hk):
+    """GQA / MQA (diffusers' enable_gqa=True calls, Cosmos 3's 32 query / 8 key-value heads): key/value heads
+    dividing the query heads take openvc as they are, in every call form and format."""
+    assert policy.choose_path(*qkv(h=h, hk=hk)) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(h=h, hk=hk), causal=True) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(h=h, hk=hk, d=64), attn_mask=FakeTensor((1, S), "torch.bool")) == (policy.OPENVC, "")
+    int8 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2")
+    assert policy.choose_path(*qkv(h=h, hk=hk), policy=int8) == (policy.OPENVC, int8.format_label)
+    q, _, _, cu = packed(h=h)
+    kv = FakeTensor((6000, hk, 128))
+    assert policy.choose_varlen_path(q, kv, kv, cu, cu, 2048, 2048, causal=True, policy=KILO) == (policy.OPENVC, "")
+
+
+def test_grouped_query_attention_falls_back_with_the_reason():
+    q, k, v = qkv(h=12, hk=4)
+    assert policy.choose_path(q, k, FakeTensor((1, S, 3, 128))) == (policy.FALLBACK, "shape mismatch")   # v's heads
+    assert policy.choose_path(*qkv(h=12, hk=8)) == (policy.FALLBACK, "gqa: 8 key/value heads do not divide 12 query "
+                                                                     "heads")
+    # the general path (past the fast path's 32-bit range) takes equal head counts only
+    big = 1 << 20
+    assert policy.choose_path(*qkv(sq=big, h=12, hk=12)) == (policy.OPENVC, "")
+    assert policy.choose_path(*qkv(sq=big, h=12, hk=4)) == (
+        policy.FALLBACK, "gqa past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)")
+    q, _, _, cu = packed(total=big)
+    kv = FakeTensor((big, 4, 128))
+    assert policy.choose_varlen_path(q, kv, kv, cu, cu, big, big, policy=KILO)[1].startswith("gqa past")
 
 
 def test_layouts():

@@ -176,11 +176,14 @@ def test_routing(torch, sgl, fast_path):
     make_impl(sgl, openvc_policy=policy).forward(q, kt, vt, None)                  # text cross-attention
     make_impl(sgl, causal=True, openvc_policy=policy).forward(q, k, v, None)       # causal self-attention
     assert fast_path[-1] == ((1, 1024, 2, 128), "causal")                          # ... runs causal on openvc
-    make_impl(sgl, kv_heads=1, openvc_policy=policy).forward(q, k[:, :, :1], v[:, :, :1], None)   # GQA
+    gqa = make_impl(sgl, kv_heads=1, openvc_policy=policy).forward(q, k[:, :, :1], v[:, :, :1], None)   # MQA
+    assert fast_path[-1] == (1, 1024, 2, 128)                                      # ... on openvc, k as given
+    mqa = torch.nn.functional.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (
+        q, k[:, :, :1].expand(-1, -1, 2, -1), v[:, :, :1].expand(-1, -1, 2, -1))))
+    assert float((gqa.float() - mqa.transpose(1, 2)).norm() / mqa.norm()) < 0.08
     make_impl(sgl, head_size=64, openvc_policy=policy).forward(q[..., :64], k[..., :64], v[..., :64], None)
-    # openvc: the self-attention call, FP16, LSE, causal self-attention and head dim 64
-    assert sgl.mod.stats() == {("openvc", ""): 5, ("fallback", "few keys (512 < 1024)"): 1,
-                               ("fallback", "gqa (unequal head counts)"): 1}
+    # openvc: the self-attention call, FP16, LSE, causal self-attention, MQA and head dim 64
+    assert sgl.mod.stats() == {("openvc", ""): 6, ("fallback", "few keys (512 < 1024)"): 1}
     with pytest.raises(NotImplementedError, match="return_softmax_lse"):
         make_impl(sgl, openvc_policy=policy).forward(q, kt, vt, None, return_softmax_lse=True)
     small = sgl.mod.OpenVCAttentionImpl(num_heads=2, head_size=128, softmax_scale=0.1,

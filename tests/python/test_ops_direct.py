@@ -114,7 +114,7 @@ def test_api_runs_the_step_wise_implementations(monkeypatch):
     # attention_fp8 (its own checks of the preparation bypassed: the tensors here are placeholders)
     from open_vc_attn import _checks
     monkeypatch.setattr(_checks, "check_prepared_fp8", lambda prepared, **kw: dict(
-        batch=1, seqlen_q=8, seqlen_k=8, heads=2, head_dim=128, input_rank=4))
+        batch=1, seqlen_q=8, seqlen_k=8, heads=2, kv_heads=2, head_dim=128, input_rank=4))
     prepared = open_vc_attn.PreparedFP8(*tensors(), batch=1, seqlen_q=8, seqlen_k=8, heads=2, head_dim=128,
                                         input_rank=4, dtype=torch.bfloat16, qk_format="int8")
     out = open_vc_attn.attention_fp8(prepared, causal=True, mid_window_blocks=None, p_format="exp2")

@@ -121,11 +121,13 @@ def _block_rows(block_mask, b, i, h, keys, torch):
 
 
 def _exact_rows(q, k, v, b, i, h, scale, causal, bias, lo, hi, torch, seen=None):
-    """Exact attention of rows (b[n], i[n], h[n]) of q [B, Sq, H, D] over k, v [B, Sk, H, D]: [n, Dv] FP32.
+    """Exact attention of rows (b[n], i[n], h[n]) of q [B, Sq, H, D] over k, v [B, Sk, Hk, D]: [n, Dv] FP32
+    (Hk dividing H, GQA / MQA: query head h attends K/V head h // (H // Hk)).
     causal: key j visible iff j <= i + Sk - Sq; bias [B, Sk] additive; lo, hi [n]: each row's key range
     (packed sequences); seen: bool [n, Sk], the keys of each row (block masks). A row that sees no key is 0."""
     n, sq, sk = b.numel(), q.shape[1], k.shape[1]
     qs = q[b, i, h].float()
+    h = torch.div(h, q.shape[2] // k.shape[2], rounding_mode="floor")   # the K/V head of each row
     out = torch.empty(n, v.shape[3], dtype=torch.float32, device=q.device)
     per = max(1, _BLOCK_BYTES // (4 * sk * (k.shape[3] + v.shape[3])))
     j = torch.arange(sk, device=q.device)[None, :]

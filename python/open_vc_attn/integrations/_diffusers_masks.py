@@ -66,13 +66,15 @@ def fallback_backend(attn_mask, fallback):
 def flex_with_lse(query, key, value, block_mask, scale):
     """A fallback call with a BlockMask that asks for the LSE: torch's flex_attention (which applies mask_mod)
     with its natural-log LSE. diffusers' flex backend cannot return one (it permutes the (out, lse) tuple).
-    q, k, v [B, S, H, D]; returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq] float32)."""
+    q [B, S, H, D], k, v [B, S, Hk, D] (Hk dividing H); returns (out [B, Sq, H, D] in q's dtype, lse [B, H, Sq]
+    float32)."""
     from torch.nn.attention import flex_attention as fa
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}   # fewer key/value heads (GQA / MQA)
     if hasattr(fa, "AuxRequest"):        # torch >= 2.9: return_lse is deprecated there
         out, aux = fa.flex_attention(q, k, v, block_mask=block_mask, scale=scale,
-                                     return_aux=fa.AuxRequest(lse=True))
+                                     return_aux=fa.AuxRequest(lse=True), **gqa)
         lse = aux.lse
     else:
-        out, lse = fa.flex_attention(q, k, v, block_mask=block_mask, scale=scale, return_lse=True)
+        out, lse = fa.flex_attention(q, k, v, block_mask=block_mask, scale=scale, return_lse=True, **gqa)
     return out.transpose(1, 2).to(query.dtype), lse.float()

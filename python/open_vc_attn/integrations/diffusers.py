@@ -6,9 +6,10 @@ diffusers' transformers (Wan, HunyuanVideo, LTX, ...) compute q, k, v and call
 active backend. :func:`register` adds openvc's function to that registry under the name ``"openvc"``; it
 sends each call that openvc's fast path takes (:func:`open_vc_attn.integrations.policy.choose_path`: long,
 self-attention with head dim 128 or 64 on Hopper, unmasked or with a key padding mask, causal too, or with a
-FlexAttention BlockMask as attn_mask) to :func:`open_vc_attn.attention`, and every other call (text/image
-cross-attention with few keys, short sequences, per-query or per-head masks, other head dims) to a diffusers
-backend, ``"native"`` (torch SDPA) unless told otherwise (a BlockMask: ``"flex"``).
+FlexAttention BlockMask as attn_mask; grouped-query calls, ``enable_gqa=True`` with key/value heads dividing the
+query heads, as they are) to :func:`open_vc_attn.attention`, and every other call (text/image cross-attention
+with few keys, short sequences, per-query or per-head masks, other head dims) to a diffusers backend,
+``"native"`` (torch SDPA) unless told otherwise (a BlockMask: ``"flex"``).
 
 Three ways to turn it on:
 - :func:`apply` (a pipeline or one model): ``apply(pipe)`` wraps the attention processors of every

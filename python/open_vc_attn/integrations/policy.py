@@ -1,18 +1,19 @@
 """Which attention calls of a framework go to openvc: the one dispatch policy of every integration.
 
 :func:`choose_path` looks at a call's tensors and options (never at tensor values: no device-to-host read, no
-synchronization) and answers ``(OPENVC, "")`` (with the default format) when :func:`open_vc_attn.attention`
-computes exactly this call (with ``key_padding_mask=attn_mask, causal=causal``; a BlockMask attn_mask as
-``block_mask=attn_mask``, block-level: below), or ``(FALLBACK, reason)`` when the framework's own attention
-should run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts, BF16/FP16 CUDA
-tensors on a compute capability 9.0 device, unmasked or with a key padding mask (bool, or additive
-0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint attention), causal
-self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's), or a torch FlexAttention
-``BlockMask`` as ``attn_mask`` (BLOCK_SIZE 128, built for the call's (Sq, Sk): openvc's ``block_mask=``, which
-attends its partial and full blocks whole; :func:`block_mask_reason`). Per-query or per-head masks, biases and
-dropout stay on the framework. Short calls and cross-attention to a few keys (text or image tokens) stay there
-too: quantization and the fixed per-call cost do not pay, and those calls are a small part of a video model's
-time. This function is the one place that changes.
+synchronization) and answers ``(OPENVC, "")`` (with the default format) when :func:`open_vc_attn.attention` computes
+exactly this call (with ``key_padding_mask=attn_mask, causal=causal``; a BlockMask attn_mask as
+``block_mask=attn_mask``, block-level: below), or ``(FALLBACK, reason)`` when the framework's own attention should
+run it. openvc's fast path is the sm_90a kernel: head dim 128 or 64, equal head counts or grouped-query attention
+(GQA / MQA: key/value heads Hk dividing the query heads H, e.g. diffusers' ``enable_gqa=True`` calls, Cosmos 3's 32
+query / 8 key-value heads), BF16/FP16 CUDA tensors on a compute capability 9.0 device, unmasked or with a key
+padding mask (bool, or additive 0 / <= -1000, shaped [B, Sk], [B, 1, Sk] or [B, 1, 1, Sk]: text padding of joint
+attention), causal self-attention (Sq == Sk, where the framework's top-left causal mask is openvc's), or a torch
+FlexAttention ``BlockMask`` as ``attn_mask`` (BLOCK_SIZE 128, built for the call's (Sq, Sk): openvc's
+``block_mask=``, which attends its partial and full blocks whole; :func:`block_mask_reason`). Per-query or per-head
+masks, biases and dropout stay on the framework. Short calls and cross-attention to a few keys (text or image
+tokens) stay there too: quantization and the fixed per-call cost do not pay, and those calls are a small part of a
+video model's time. This function is the one place that changes.
 
 The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``): every
 integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
@@ -237,9 +238,10 @@ def choose_path(q, k, v, *, attn_mask=None, causal=False, dropout_p=0.0, policy=
     the default E4M3 policy), else ``(FALLBACK, reason)``.
 
     q: [B, Sq, H, D], k and v: [B, Sk, Hk, D] (the layout of diffusers' dispatch and of SGLang's attention
-    backends). attn_mask, causal and dropout_p are the call's options as the framework gives them. A
-    FlexAttention BlockMask as attn_mask (duck-typed) is taken as openvc's ``block_mask=`` where
-    :func:`block_mask_reason` finds none (the caller passes it so, not as a key padding mask).
+    backends); Hk == H, or Hk dividing H (GQA / MQA, openvc's ``attention`` on k and v as given). attn_mask, causal
+    and dropout_p are the call's options as the framework gives them. A FlexAttention BlockMask as attn_mask
+    (duck-typed) is taken as openvc's ``block_mask=`` where :func:`block_mask_reason` finds none (the caller passes
+    it so, not as a key padding mask).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     return _choose(q, k, v, attn_mask, causal, dropout_p, policy, None)
@@ -270,10 +272,11 @@ def _choose(q, k, v, attn_mask, causal, dropout_p, policy, lengths):
     d = q.shape[3]
     if d not in policy.head_dims or k.shape[3] != d or v.shape[3] != d:
         return FALLBACK, f"head_dim {d}/{k.shape[3]}/{v.shape[3]} (takes {policy.head_dims})"
-    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
-        return FALLBACK, "gqa (unequal head counts)"
-    if k.shape[0] != q.shape[0] or v.shape[:2] != k.shape[:2]:
+    h, hk = q.shape[2], k.shape[2]
+    if k.shape[0] != q.shape[0] or v.shape[:3] != k.shape[:3]:
         return FALLBACK, "shape mismatch"
+    if hk != h and (hk < 1 or h % hk):   # GQA / MQA takes Hk dividing H (query head i attends K/V head i // (H // Hk))
+        return FALLBACK, f"gqa: {hk} key/value heads do not divide {h} query heads"
     if q.shape[1] < policy.min_query_tokens:
         return FALLBACK, f"short query ({q.shape[1]} < {policy.min_query_tokens} tokens)"
     if k.shape[1] < policy.min_key_tokens:
@@ -282,10 +285,10 @@ def _choose(q, k, v, attn_mask, causal, dropout_p, policy, lengths):
         return FALLBACK, "layout (strides or alignment)"
     if k.device != q.device or v.device != q.device:
         return FALLBACK, "devices differ"
-    if policy.qk_format == "int8":
-        sq, sk = lengths if lengths is not None else (q.shape[1], k.shape[1])
-        if not _checks.fast_path_range(sq, sk):
-            return FALLBACK, "int8 past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)"
+    sq, sk = lengths if lengths is not None else (q.shape[1], k.shape[1])
+    if (policy.qk_format == "int8" or hk != h) and not _checks.fast_path_range(sq, sk):
+        what = "int8" if policy.qk_format == "int8" else "gqa"   # both run on the fast path only
+        return FALLBACK, f"{what} past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)"
     reason = _device_reason(q.device)
     if reason:
         return FALLBACK, reason

@@ -5,12 +5,12 @@ SGLang diffusion builds every attention layer (``LocalAttention``, ``UlyssesAtte
 from an ``AttentionBackend`` class chosen by its selector; the layer calls the backend's ``AttentionImpl``
 with ``[B, S, H, D]`` q, k, v after its own sequence-parallel all-to-all. :class:`OpenVCAttentionBackend`
 is such a class: its impl sends each call that openvc's fast path takes
-(:func:`open_vc_attn.integrations.policy.choose_path`: long self-attention, causal included) to
-:func:`open_vc_attn.attention` and every other call (cross-attention to text tokens, short sequences,
-GQA, head dims the policy leaves out) to SGLang's own ``SDPAImpl``. Packed sequences
-(``forward_varlen``: ``[T, H, D]`` with ``cu_seqlens``, which later SGLang releases call from their varlen
-attention layers) go by :func:`~open_vc_attn.integrations.policy.choose_varlen_path` to openvc's packed
-path in one call, or to SGLang's varlen SDPA (per sequence on releases without one).
+(:func:`open_vc_attn.integrations.policy.choose_path`: long self-attention, causal included, GQA with key/value
+heads dividing the query heads) to :func:`open_vc_attn.attention` and every other call (cross-attention to text
+tokens, short sequences, head counts that do not divide, head dims the policy leaves out) to SGLang's own
+``SDPAImpl``. Packed sequences (``forward_varlen``: ``[T, H, D]`` with ``cu_seqlens``, which later SGLang releases
+call from their varlen attention layers) go by :func:`~open_vc_attn.integrations.policy.choose_varlen_path` to
+openvc's packed path in one call, or to SGLang's varlen SDPA (per sequence on releases without one).
 
 SGLang chooses backends from a fixed enum (``AttentionBackendEnum``) with no entry for out-of-tree
 backends, so :func:`install` wraps the platform's ``get_attn_backend_cls_str``: where SGLang would pick a

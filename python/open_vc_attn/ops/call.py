@@ -12,6 +12,8 @@ order. C++ prepares into one workspace tensor and attends on the fast or the gen
 with k_smoothing the LSE is that of the keys as given (numerics section 9). kv_num_blocks / kv_indices: key
 block lists (block-sparse attention, batched calls on the fast path; open_vc_attn.masks.check_block_lists's
 layout, contiguous; docs/block_sparse.md). causal_chunk: chunked causal (with causal; numerics section 5).
+k and v may hold Hk heads, a divisor of q's H (GQA/MQA: ``[B, Sk, Hk, D]`` / ``[total_k, Hk, D]``,
+AttentionCall::kv_heads), on the fast path only: a call the general path would take raises ValueError naming k.
 
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
@@ -21,7 +23,7 @@ shapes them: rank-3 views, defaults).
 """
 import torch
 
-from .. import _checks, _ext
+from .. import _checks, _ext, _gqa
 from . import device as dev
 from .direct import run
 from .fp8 import sequence_outputs
@@ -45,10 +47,11 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
         groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
         reason = _checks.general_path_reason(int(q.shape[-1]), max_q, max_k)
     else:
-        _checks.check_rank4_tokens("attention", q, k, v, caller="attention")
+        _checks.check_rank4_tokens("attention", q, k, v, caller="attention", gqa=True)
         groups = int(q.shape[0])
         reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
     _checks.require_fast_path(fmt, reason)
+    _gqa.require_fast_path(int(q.shape[-2]), int(k.shape[-2]), reason)   # C++ would answer Unsupported
     if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
         _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
@@ -71,7 +74,7 @@ def _sizes(q, packed):
 
 def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
                  qk_format, k_smoothing, p_format, blocks=(None, None), causal_chunk=1):
-    """openvc::AttentionCall of checked arguments (lse None: no LSE output)."""
+    """openvc::AttentionCall of checked arguments (lse None: no LSE output; kv_heads where k has fewer heads)."""
     ext = _ext.load()
     packed = cu_q is not None
     c = dev.params(ext.AttentionCall, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
@@ -90,6 +93,8 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
         c.out_stride_batch, c.out_stride_seq, c.out_stride_head = out.stride()[:3]
     if seqused_k is not None:
         c.seqused_k = seqused_k.data_ptr()
+    if int(k.shape[-2]) != c.heads:   # GQA/MQA (the struct's 0: equal head counts)
+        c.kv_heads = int(k.shape[-2])
     if blocks[0] is not None or blocks[1] is not None:
         counts, indices = blocks
         c.blocks = dev.params(ext.KeyBlockList, num_blocks=counts.data_ptr(), indices=indices.data_ptr(),

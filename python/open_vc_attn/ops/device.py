@@ -84,16 +84,20 @@ def set_p_format(p, name):
     return p
 
 
-def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim, fmt=None):
+def fp8_inputs(tensors, batch, seqlen_q, seqlen_k, heads, head_dim, fmt=None, kv_heads=None):
     """openvc::Fp8Inputs over six prepared tensors (PreparedFP8.tensors() order; a VC preparation's
     first five, v_descale then being unused, may pass None for it). fmt: the qk_format string, or None to
-    leave the struct's default (E4M3; the repair and VC paths, which take E4M3 only)."""
+    leave the struct's default (E4M3; the repair and VC paths, which take E4M3 only). kv_heads: the K/V head
+    count of a GQA/MQA preparation (Fp8Inputs::kv_heads), set only where it differs from heads (None or
+    heads: the struct's 0, equal head counts)."""
     names = ("q_codes", "q_descale", "k_codes", "k_descale", "v_packed", "v_descale")
     pointers = {n: (0 if t is None else t.data_ptr()) for n, t in zip(names, tensors)}
     p = params(_ext.load().Fp8Inputs, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
                head_dim=head_dim, **pointers)
     if fmt is not None:
         p.qk_format = qk_format(fmt)
+    if kv_heads is not None and int(kv_heads) != int(heads):
+        p.kv_heads = int(kv_heads)
     return p
 
 

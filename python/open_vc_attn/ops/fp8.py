@@ -9,7 +9,8 @@
   batch entry or sequence (keys past them are left out of the scales). qk_format "int8": INT8 Q/K codes
   (torch.int8) with q_descale [B, H, Sq] and k_descale [B, H, ceil(Sk/128), 8] (packed: [N, H, max_q] and
   [N, H, ceil(max_k/128), 8]), where the fast path can attend them only (else ValueError naming qk_format);
-  k_smoothing: K minus its per-channel mean is quantized.
+  k_smoothing: K minus its per-channel mean is quantized. k and v may hold Hk heads, a divisor of q's H
+  (GQA/MQA, PrepareParams::kv_heads): the K/V outputs then hold Hk heads where the layouts say H.
 - ``open_vc_attn::attention_fp8(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale,
   Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float softmax_scale,
   bool causal, int mid_window_blocks, bool return_lse, Tensor? seqused_k=None, ScalarType? out_dtype=None,
@@ -24,8 +25,10 @@
   rounding of the exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
   [B, H] (packed [N, H]) holds one V descale per head, as prepare_fp8 writes it; [B, H, ceil(Sk/128)] (packed
   [N, H, ceil(max_seqlen_k/128)]) one per 128-key block (AttentionParams.v_descale_per_block: K/V chunks
-  quantized separately, e.g. open_vc_attn.kv_cache): fast path, head_dim 128, not causal, ExpCast P (ValueError
-  naming v_descale otherwise).
+  quantized separately, e.g. open_vc_attn.kv_cache): fast path, head_dim 128, not causal, ExpCast P, equal head
+  counts (ValueError naming v_descale otherwise). The K/V tensors may hold Hk heads, a divisor of H (GQA/MQA: the
+  head count of k_codes is Fp8Inputs::kv_heads), on the fast path only (ValueError naming k_codes where the call
+  would need the general path).
 
 The route is :func:`route`'s, once per call: the sm_90a fast path where it takes the call (head_dim 128 or
 64 within its 32-bit range; its dense kernel for batched, non-causal calls without key counts, else its
@@ -36,7 +39,7 @@ path (ValueError naming why it cannot take the call).
 """
 import torch
 
-from .. import _checks, _ext
+from .. import _checks, _ext, _gqa
 from .._layout import FP8_NAMES, fp8_expectations, varlen_expectations
 from . import device as dev
 
@@ -64,12 +67,15 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
     v_descale_per_block: K and V written into a KV cache's slots, batched and without k_smoothing; the caller
     sizes outs);
     kv_prefix: optional (k0, v0) [B, r, H, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
-    no k_smoothing), prepared with them as one sequence of r + Sk keys."""
+    no k_smoothing), prepared with them as one sequence of r + Sk keys. k and v of fewer heads than q
+    (GQA/MQA, checked by the caller): PrepareParams.kv_heads (not with out_layout or kv_prefix)."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
                    v=dev.token_view(v, packed_fields is not None), qk_format=dev.qk_format(qk_format),
                    k_smoothing=bool(k_smoothing), **dict(zip(FP8_NAMES, (t.data_ptr() for t in outs))))
+    if int(k.shape[-2]) != p.heads:   # GQA/MQA: the struct's 0 means equal head counts
+        p.kv_heads = int(k.shape[-2])
     if packed_fields is None:
         p.batch, p.seqlen_q, p.seqlen_k = int(q.shape[0]), int(q.shape[1]), int(k.shape[1])
         groups, max_k = p.batch, p.seqlen_k
@@ -96,12 +102,14 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
 # ---- prepare_fp8 ----------------------------------------------------------------------------------------
 
 def _prepare_outputs(q, k, alloc, qk_format="e4m3", packed=None):
-    """The six outputs: of a batched preparation (packed None), or packed = (N, max_seqlen_q, max_seqlen_k)."""
+    """The six outputs: of a batched preparation (packed None), or packed = (N, max_seqlen_q, max_seqlen_k);
+    the K/V side's with k's head count (GQA/MQA)."""
+    hk = k.shape[-2]
     if packed is None:
         b, sq, h, d = q.shape
-        return _allocate(fp8_expectations(b, sq, k.shape[1], h, d, qk_format), alloc)
+        return _allocate(fp8_expectations(b, sq, k.shape[1], h, d, qk_format, hk=hk), alloc)
     total_q, h, d = q.shape
-    return _allocate(varlen_expectations(packed[0], total_q, k.shape[0], h, d, *packed[1:], qk_format), alloc)
+    return _allocate(varlen_expectations(packed[0], total_q, k.shape[0], h, d, *packed[1:], qk_format, hk=hk), alloc)
 
 
 def _prepare_args(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing):
@@ -109,12 +117,14 @@ def _prepare_args(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smo
     packed: (N, max_seqlen_q, max_seqlen_k), or None for a batched call."""
     fmt, smooth = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
     if cu_q is None and cu_k is None:
-        _checks.check_rank4_tokens("prepare_fp8", q, k, v)
+        _checks.check_rank4_tokens("prepare_fp8", q, k, v, gqa=True)
         packed, groups, sq, sk = None, q.shape[0], q.shape[1], k.shape[1]
     else:
         groups = _checks.check_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
         packed, sq, sk = (groups, max_q, max_k), max_q, max_k
-    _checks.require_fast_path(fmt, _checks.general_path_reason(int(q.shape[-1]), sq, sk))
+    reason = _checks.general_path_reason(int(q.shape[-1]), sq, sk)
+    _checks.require_fast_path(fmt, reason)
+    _gqa.require_fast_path(int(q.shape[-2]), int(k.shape[-2]), reason)   # (what attention_fp8 could not attend)
     _checks.check_seqused_k(seqused_k, int(groups), q.device, "batch entries" if packed is None else "sequences")
     return packed, fmt, smooth
 
@@ -139,8 +149,10 @@ def prepare_into_slots(q, k, v, qk_format, kv_outs, out_layout, kv_prefix=None):
     (open_vc_attn.kv_cache): kv_outs the views (k_codes, k_descale, v_packed, v_descale) at the cache's first
     free slot, out_layout PrepareParams' output layout fields (the cache sizes its buffers for the call),
     kv_prefix an optional (k0, v0) of keys before k and v (the cache's remainder, checked by the cache).
-    Returns the new (q_codes, q_descale). Not an op: the cache mutates its own buffers, eagerly."""
+    Returns the new (q_codes, q_descale). Not an op: the cache mutates its own buffers, eagerly. Equal head
+    counts only (V block descales: no GQA/MQA; ValueError naming k)."""
     _, fmt, _ = _prepare_args(q, k, v, None, None, 0, 0, None, qk_format, False)
+    _gqa.check_heads(int(q.shape[2]), int(k.shape[2]), "k", _checks.shape_of(k), what="the FP8 KV cache")
     named = (("q", q), ("k", k), ("v", v))
     if kv_prefix is not None:
         named += (("k (the cache's remainder)", kv_prefix[0]), ("v (the cache's remainder)", kv_prefix[1]))
@@ -173,10 +185,11 @@ def attention_outputs(q_codes, return_lse, alloc, out_dtype=None):
             alloc((b, h, sq) if return_lse else (0,), torch.float32))
 
 
-def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_format=None, p_format=None):
+def fast_params(tensors, sizes, out, lse, softmax_scale, mid_window_blocks, qk_format=None, p_format=None,
+                kv_heads=None):
     """openvc::AttentionParams of the fast path (repair rows unset; qk_format None: the struct's E4M3;
-    p_format None: the struct's ExpCast)."""
-    p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes, fmt=qk_format),
+    p_format None: the struct's ExpCast; kv_heads: Fp8Inputs::kv_heads of a GQA/MQA preparation)."""
+    p = dev.params(_ext.load().AttentionParams, in_=dev.fp8_inputs(tensors, *sizes, fmt=qk_format, kv_heads=kv_heads),
                    mid_window_blocks=int(mid_window_blocks))
     if p_format is not None:
         dev.set_p_format(p, p_format)
@@ -194,17 +207,19 @@ def sequence_outputs(packed, sizes, return_lse, alloc, fill, out_dtype=None):
     return alloc((n, sq, h, d), dtype), alloc((n, h, sq) if return_lse else (0,), torch.float32)
 
 
-def route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k):
+def route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k, kv_heads=None):
     """Where a checked call runs: "dense" (the fast path's dense kernel), "fast" (its causal / packed /
     key-count modes) or "general" (the CUDA cores), by _checks.general_path_reason (what api.py warns about
-    too). Raises ValueError for what no route takes: path "fast" past the fast path, INT8 past it, more
-    batches / sequences or heads than the general path's grid."""
+    too). Raises ValueError for what no route takes: path "fast" past the fast path, INT8 or GQA/MQA (kv_heads:
+    k_codes' head count) past it, more batches / sequences or heads than the general path's grid."""
     reason = _checks.general_path_reason(int(sizes[4]), max_q if packed else sizes[1], max_k if packed else sizes[2])
     if path == "general" or reason is not None:
         if path == "fast":
             raise ValueError(f"path: 'fast' requires the sm_90a fast path, which cannot take this call: {reason}; "
                              "use path='auto' or 'general'")
         _checks.require_fast_path(qk_format, reason)
+        _gqa.require_fast_path(int(sizes[3]), int(sizes[3] if kv_heads is None else kv_heads),
+                               reason or "path='general' asks for it", "k_codes")
         _checks.check_general_grid(sizes[0], sizes[3], ("cu_seqlens_q" if packed else "q_codes", "q_codes"), packed)
         return "general"
     return "fast" if packed or causal or seqused_k is not None else "dense"
@@ -218,17 +233,19 @@ def v_descale_per_block(tensors):
 def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
                     p_format, path):
     """The op's argument rules (the CUDA and the fake implementation): (packed, sizes, route, v_blocks), v_blocks:
-    v_descale holds one descale per key block."""
+    v_descale holds one descale per key block. The K/V head count is k_codes' (GQA/MQA where it is below H)."""
     v_blocks = v_descale_per_block(tensors)
     packed, sizes = _checks.check_attention_op_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale,
                                                     mid_window_blocks, qk_format, p_format, path, v_blocks)
-    where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k)
-    if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2"):
+    kv_heads = int(tensors[2].shape[-2])
+    where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k, kv_heads)
+    grouped = kv_heads != int(sizes[3])
+    if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2" or grouped):
         why = ("the sm_90a fast path cannot take this call (path='general', or past its range)" if where == "general"
-               else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128 else "p_format 'exp2'")
+               else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128
+               else "p_format 'exp2'" if p_format == "exp2" else f"GQA/MQA ({kv_heads} K/V heads for {sizes[3]})")
         raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, "
-                         f"ExpCast P "
-                         f"and no causal mask; not with {why}")
+                         f"ExpCast P, equal head counts and no causal mask; not with {why}")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes, where, v_blocks
 
@@ -243,22 +260,23 @@ def attention_cuda(q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, 
                                                      softmax_scale, causal, mid_window_blocks, seqused_k, qk_format,
                                                      p_format, path)
     dev.launch_checks(q_codes.device, zip(FP8_NAMES, tensors))
+    kv_heads = int(k_codes.shape[-2])
     if where == "dense":
         return enqueue_fast(tensors, tuple(int(s) for s in sizes), q_codes.device, softmax_scale, mid_window_blocks,
-                            return_lse, out_dtype, qk_format, p_format, v_blocks)
+                            return_lse, out_dtype, qk_format, p_format, v_blocks, kv_heads)
     return enqueue_sequence(where == "fast", tensors, packed, sizes, q_codes.device, cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, mid_window_blocks, return_lse, seqused_k,
-                            out_dtype, qk_format, p_format, v_blocks)
+                            out_dtype, qk_format, p_format, v_blocks, kv_heads)
 
 
 def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, return_lse, out_dtype=None,
-                 qk_format="e4m3", p_format="expcast", v_blocks=False):
+                 qk_format="e4m3", p_format="expcast", v_blocks=False, kv_heads=None):
     """The dense fast path on a checked batched preparation (tensors, or anything with data_ptr() and a
     q_codes shape): allocates (out, lse) and enqueues the kernel (AttentionParams.p_format from p_format;
-    v_blocks: AttentionParams.v_descale_per_block)."""
+    v_blocks: AttentionParams.v_descale_per_block; kv_heads: the K/V head count, GQA/MQA)."""
     out, lse = attention_outputs(tensors[0], return_lse, dev.empty(device), out_dtype)
     p = fast_params(tensors, sizes, out, lse if return_lse else None, softmax_scale, mid_window_blocks, qk_format,
-                    p_format)
+                    p_format, kv_heads)
     if v_blocks:
         p.v_descale_per_block = True
     dev.enqueue(_ext.load().attention_fp8, p, device)
@@ -267,24 +285,24 @@ def enqueue_fast(tensors, sizes, device, softmax_scale, mid_window_blocks, retur
 
 def enqueue_sequence(fast, tensors, packed, sizes, device, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
                      mid_window_blocks, return_lse, seqused_k, out_dtype=None, qk_format="e4m3", p_format="expcast",
-                     v_blocks=False):
+                     v_blocks=False, kv_heads=None):
     """The fast path's causal / packed / key-count modes (fast) or the general path on checked arguments
     (tensors: as in :func:`enqueue_fast`): allocates (out, lse) and enqueues the kernel (fast:
     AttentionParams.p_format from p_format; the general path's struct has no P format: it computes ExpCast,
-    and route() never sends it exp2)."""
+    and route() never sends it exp2 nor a GQA/MQA call; kv_heads: the K/V head count)."""
     n, sq, sk, h, d = (int(x) for x in sizes)
     out, lse = sequence_outputs(packed, sizes, return_lse, dev.empty(device), dev.full(device), out_dtype)
     ext = _ext.load()
     p = dev.params(ext.AttentionParams if fast else ext.GeneralAttentionParams, causal=bool(causal),
                    mid_window_blocks=int(mid_window_blocks))
     if packed:   # C++: batch sizes ignored; out [total_q, H, D] and lse [H, total_q] strides
-        p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d, fmt=qk_format)
+        p.in_ = dev.fp8_inputs(tensors, 0, 0, 0, h, d, fmt=qk_format, kv_heads=kv_heads)
         p.cu_seqlens_q, p.cu_seqlens_k = cu_q.data_ptr(), cu_k.data_ptr()
         p.num_seqs, p.max_seqlen_q, p.max_seqlen_k = n, int(max_q), int(max_k)
         p.total_q, p.total_k = sq, sk   # offsets are clamped to these on the device
         out_strides, lse_strides = (0, *out.stride()[:2]), (0, sq)
     else:
-        p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d, fmt=qk_format)
+        p.in_ = dev.fp8_inputs(tensors, n, sq, sk, h, d, fmt=qk_format, kv_heads=kv_heads)
         out_strides, lse_strides = out.stride()[:3], (h * sq, sq)
     if fast:
         dev.set_p_format(p, p_format)

@@ -37,6 +37,9 @@ Status validate(const GeneralAttentionParams& p) {
                                "fast path, numerics section 9)");
   if (in.heads <= 0 || in.heads > 65535)
     return Status::Invalid("in.heads: expected 1..65535 (a grid dimension), got " + str(in.heads));
+  if (kv_heads_or(in.heads, in.kv_heads) != in.heads)
+    return Status::Unsupported("in.kv_heads: grouped-query attention (kv_heads " + str(in.kv_heads) + " of " +
+                               str(in.heads) + " heads) runs on the sm_90a fast path only");
   if (packed) {
     if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)
       return Status::Invalid("cu_seqlens_q, cu_seqlens_k: packed sequences need both offset arrays, got only " +

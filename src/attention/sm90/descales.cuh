@@ -53,8 +53,9 @@ __device__ __forceinline__ float warpgroup_max_q_multiplier(const KernelParams& 
 // The (b, h)'s K descales: [nk] E4M3 (one per 128-key block), [nk, 8] INT8 (key groups; 64-bit index).
 template <bool kInt8>
 __device__ __forceinline__ const float* k_descales(const KernelParams& p, const TileCoord& c) {
-  if constexpr (kInt8) return p.k_descale + (int64_t(c.b) * p.heads + c.h) * p.num_k_blocks * kInt8KeyGroups;
-  else return p.k_descale + (c.b * p.heads + c.h) * p.num_k_blocks;
+  const int kvh = kv_head(p, c.h);
+  if constexpr (kInt8) return p.k_descale + (int64_t(c.b) * p.kv_heads + kvh) * p.num_k_blocks * kInt8KeyGroups;
+  else return p.k_descale + (c.b * p.kv_heads + kvh) * p.num_k_blocks;
 }
 // The first block's K descale(s) and the one-iteration-ahead prefetch of the next block's.
 template <bool kInt8>

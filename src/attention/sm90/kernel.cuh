@@ -97,7 +97,8 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   const float l_lo = kNoKeys ? 0.0f : st.o[kL], l_hi = kNoKeys ? 0.0f : st.o[kL + 2];
   // VC: per-channel descales, applied per column below (the V descale is then 1).
   // V block descales (kVBlockDescaleMode) were applied as the tiles were accumulated.
-  const float dv = kVc || kNoKeys || has_mode<kMode>(kVBlockDescaleMode) ? 1.0f : p.v_descale[c.b * p.heads + c.h];
+  const float dv =
+      kVc || kNoKeys || has_mode<kMode>(kVBlockDescaleMode) ? 1.0f : p.v_descale[c.b * p.kv_heads + kv_head(p, c.h)];
   const float* dvc = p.vc_channel_descale + int64_t(c.b * p.heads + c.h) * C::kHeadDim;
   // Fast division and log: an IEEE slow path is a call, which serializes the wgmma pipeline.
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);

@@ -66,6 +66,12 @@ struct KernelParams {
   int split_head_tiles, split_q, split_r;
   float* split_partials;
   int* split_arrivals;
+  // Grouped-query attention (Fp8Inputs::kv_heads): K, V and their descales hold kv_heads heads; query head h reads
+  // K/V head h / kv_group (kv_group = heads / kv_heads, 1 without it).
+  int kv_heads, kv_group;
 };
+
+// The K/V head of query head h (a uniform branch: no division where the heads are equal).
+__device__ __forceinline__ int kv_head(const KernelParams& p, int h) { return p.kv_group == 1 ? h : h / p.kv_group; }
 
 }  // namespace openvc::sm90

@@ -172,6 +172,13 @@ Status validate_form(const AttentionParams& p, bool vc) {
   if (p.seqused_k != nullptr && !aligned(p.seqused_k, 4))
     return Status::Invalid("seqused_k: an int32 array must be 4-byte aligned");
   if (in.heads <= 0) return Status::Invalid("in.heads must be > 0, got " + str(in.heads));
+  if (in.kv_heads < 0 || (in.kv_heads > 0 && in.heads % in.kv_heads != 0))
+    return Status::Invalid("in.kv_heads must be 0 (in.heads) or a divisor of in.heads = " + str(in.heads) +
+                           " (grouped-query attention), got " + str(in.kv_heads));
+  if (kv_heads_or(in.heads, in.kv_heads) != in.heads && (p.repair.rows > 0 || vc || p.v_descale_per_block))
+    return Status::Unsupported(std::string("in.kv_heads: ") +
+                               (vc ? "the VC mode" : p.repair.rows > 0 ? "repair rows" : "V block descales") +
+                               " take K and V with the heads of Q only (kv_heads 0 or heads)");
   const bool varlen = sh.packed || p.seqused_k != nullptr;
   if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)
     return Status::Invalid("in.qk_format must be kE4M3 or kInt8");
@@ -284,6 +291,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   const bool varlen = sh.packed || params.seqused_k != nullptr || params.v_descale_per_block;
   const bool fused_q = params.q_unquantized.data != nullptr;   // validated (validate_unquantized_q)
   const int64_t d = in.head_dim, h = in.heads, seqs = sh.seqs, sq = sh.sq, sk = sh.sk;
+  const int64_t hk = kv_heads_or(in.heads, in.kv_heads);   // K and V heads (grouped-query attention: fewer)
   const int64_t nq = num_quant_blocks(sq), nk = num_quant_blocks(sk), sk_pad = nk * kBlockN;
   // Token rows of the code tensors: packed, the caller's totals; batched, B * S (the 3D maps of the
   // varlen mode index them flat; a zero-row map cannot be built, and nothing reads it then).
@@ -302,19 +310,19 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                                              {cuuint64_t(d), cuuint64_t(rows_q > 0 ? rows_q : 1), cuuint64_t(h)},
                                              {cuuint64_t(h * d), cuuint64_t(d)}, {cuuint32_t(d), kBlockM, 1},
                                              "in.q_codes"));
-    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(h)},
-                                           {cuuint64_t(h * d), cuuint64_t(d)},
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(rows_k > 0 ? rows_k : 1), cuuint64_t(hk)},
+                                           {cuuint64_t(hk * d), cuuint64_t(d)},
                                            {cuuint32_t(d), kBlockN, 1}, "in.k_codes"));
   } else {
     if (!fused_q)
       OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_q, in.q_codes, {cuuint64_t(d), cuuint64_t(sq), cuuint64_t(h), cuuint64_t(seqs)},
                                              {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sq * h * d)},
                                              {cuuint32_t(d), kBlockM, 1, 1}, "in.q_codes"));
-    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(h), cuuint64_t(seqs)},
-                                           {cuuint64_t(h * d), cuuint64_t(d), cuuint64_t(sk * h * d)},
+    OPENVC_RETURN_IF_ERROR(make_fp8_map<4>(&pl.tm_k, in.k_codes, {cuuint64_t(d), cuuint64_t(sk), cuuint64_t(hk), cuuint64_t(seqs)},
+                                           {cuuint64_t(hk * d), cuuint64_t(d), cuuint64_t(sk * hk * d)},
                                            {cuuint32_t(d), kBlockN, 1, 1}, "in.k_codes"));
   }
-  OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_v, in.v_packed, {cuuint64_t(sk_pad), cuuint64_t(d), cuuint64_t(seqs * h)},
+  OPENVC_RETURN_IF_ERROR(make_fp8_map<3>(&pl.tm_v, in.v_packed, {cuuint64_t(sk_pad), cuuint64_t(d), cuuint64_t(seqs * hk)},
                                          {cuuint64_t(sk_pad), cuuint64_t(d * sk_pad)},
                                          {kBlockN, cuuint32_t(d), 1}, "in.v_packed"));
 
@@ -341,6 +349,8 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.vc_mean_scaled = vc ? vc->mean_scaled : nullptr;
   kp.batch = sh.seqs;
   kp.heads = in.heads;
+  kp.kv_heads = static_cast<int>(hk);
+  kp.kv_group = static_cast<int>(h / hk);
   kp.seqlen_q = sh.sq;
   kp.seqlen_k = sh.sk;
   kp.num_q_tiles = static_cast<int>(nq);

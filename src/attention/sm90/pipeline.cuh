@@ -115,21 +115,22 @@ __device__ __forceinline__ void producer_loop(SharedStorage<kMode>& sh, const Ke
       if constexpr (kVarlen) cute::SM90_TMA_LOAD_3D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h);
       else cute::SM90_TMA_LOAD_4D::copy(tm_q, &sh.q_full, 0, sh.q, 0, w.q_row, c.h, c.b);
     }
+    const int kvh = kv_head(p, c.h);   // K and V of the query head's group (grouped-query attention)
     for (int i = 0; i < w.n; ++i, ring.advance()) {
       const int blk = key_block<kMode>(w, i, p.num_k_blocks);
       Barrier::wait(&sh.k_empty[ring.stage], ring.phase ^ 1);
       TxBarrier::arrive_and_expect_tx(&sh.k_full[ring.stage], C::kTileBytes);
       if constexpr (kVarlen)
         cute::SM90_TMA_LOAD_3D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0,
-                                     w.k_row0 + blk * kBlockN, c.h);
+                                     w.k_row0 + blk * kBlockN, kvh);
       else
         cute::SM90_TMA_LOAD_4D::copy(tm_k, &sh.k_full[ring.stage], 0, sh.k[ring.stage], 0, blk * kBlockN,
-                                     c.h, c.b);
+                                     kvh, c.b);
       Barrier::wait(&sh.v_empty[ring.stage], ring.phase ^ 1);
       constexpr int kMeanBytes = has_mode<kMode>(kVcMode) ? C::kHeadDim * 4 : 0;
       TxBarrier::arrive_and_expect_tx(&sh.v_full[ring.stage], C::kTileBytes + kMeanBytes);
       cute::SM90_TMA_LOAD_3D::copy(tm_v, &sh.v_full[ring.stage], 0, sh.v[ring.stage], blk * kBlockN, 0,
-                                   c.b * p.heads + c.h);
+                                   c.b * p.kv_heads + kvh);
       if constexpr (kMeanBytes > 0)
         cute::SM90_BULK_COPY_G2S::copy(
             p.vc_mean_scaled + (int64_t(c.b * p.heads + c.h) * p.num_k_blocks + blk) * C::kHeadDim,
