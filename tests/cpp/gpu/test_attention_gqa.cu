@@ -186,19 +186,19 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
     Case c;
     c.h = 6, c.hk = 3;
     Buffers bf(c, int8 ? 52 : 51);
-    const int64_t gh = int64_t(c.b) * c.h, ghk = int64_t(c.b) * c.hk;
+    const int64_t gh = int64_t(c.b) * c.h;
     const int64_t nq = openvc::num_quant_blocks(c.sq), nk = openvc::num_quant_blocks(c.sk);
     const int64_t sk_pad = openvc::packed_seqlen_k(c.sk), kg = int8 ? 8 : 1;
     struct Prepared {
+      int64_t gk;
       DevBuf qc, qs, kc, ks, vp, vs, term, ws;
+      Prepared(const Case& c, int kh, int64_t gh, int64_t nq, int64_t nk, int64_t kg, int64_t sk_pad, bool int8)
+          : gk(int64_t(c.b) * kh), qc(c.rows_q() * c.h * c.d), qs(gh * (int8 ? c.sq : nq) * 4),
+            kc(c.rows_k() * kh * c.d), ks(gk * nk * kg * 4), vp(gk * c.d * sk_pad), vs(gk * 4), term(c.lse_n() * 4),
+            ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, int8)) {}
     };
     auto prepare = [&](bool gqa, Prepared& pr) {
       const int kh = gqa ? c.hk : c.h;
-      const int64_t gk = int64_t(c.b) * kh;
-      pr.qc = DevBuf(c.rows_q() * c.h * c.d), pr.qs = DevBuf(gh * (int8 ? c.sq : nq) * 4);
-      pr.kc = DevBuf(c.rows_k() * kh * c.d), pr.ks = DevBuf(gk * nk * kg * 4);
-      pr.vp = DevBuf(gk * c.d * sk_pad), pr.vs = DevBuf(gk * 4), pr.term = DevBuf(c.lse_n() * 4);
-      pr.ws = DevBuf(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, int8));
       CUDA_OK(cudaMemset(pr.kc.p, 0xAB, pr.kc.bytes));
       CUDA_OK(cudaMemset(pr.vp.p, 0xAB, pr.vp.bytes));
       openvc::PrepareParams p;
@@ -223,7 +223,7 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
       ASSERT_TRUE(sa.ok()) << sa.message();
       CUDA_OK(cudaDeviceSynchronize());
     };
-    Prepared pg, pr;
+    Prepared pg(c, c.hk, gh, nq, nk, kg, sk_pad, int8), pr(c, c.h, gh, nq, nk, kg, sk_pad, int8);
     prepare(true, pg);
     const auto out_g = download<uint16_t>(bf.out.p, bf.out.bytes / 2);
     const auto lse_g = download<float>(bf.lse.p, c.lse_n());
