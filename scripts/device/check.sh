@@ -63,6 +63,9 @@
 #   modes-short       python -m open_vc_attn.bench.modes --cases short (issue 28's short shapes: S = 4,096 H = 7, 8,192
 #                     H = 40, causal 16,384 H = 24, 8 packed x 9,000 H = 24, batch 2 x 32,760 H = 12; the complete call
 #                     and the kernel against FA3 BF16 / FP8, cuDNN BF16 and SA2 when built), $OUT/modes-short.json.
+#   modes-gqa         python -m open_vc_attn.bench.modes --cases gqa (grouped-query attention: 32 query on 8 K/V heads
+#                     at S = 32,760 and causal 32,768, MQA 24 on 1 at 16,384; the complete call, the call on repeated
+#                     K/V heads and the kernel against FA3 BF16 / FP8, SA2 when built, cuDNN BF16), $OUT/modes-gqa.json.
 #   modes-sparse      python -m open_vc_attn.bench.modes --cases sparse (issue 26: S = 75,600 H = 40, openvc dense,
 #                     block masks window / frame causal / random 10..100% / radial and chunked causal against
 #                     torch.compile(flex_attention) BF16 on the same BlockMask, acceptance lines printed at the end),
@@ -401,6 +404,7 @@ step_modes_int8() { modes_with_peers int8 540 40; }
 step_modes_kvcache() { modes_with_peers kvcache 300 20; }
 step_modes_cross() { modes_with_peers cross 300 20; }
 step_modes_short() { modes_with_peers short 420 50; }
+step_modes_gqa() { modes_with_peers gqa 300 30; }
 
 step_modes_sparse() {
   step_install || return 1
@@ -435,7 +439,7 @@ while [ $# -gt 0 ]; do   # bench takes its preset as the next word
   if [ "$1" = bench ]; then STEPS+=("bench:${2:?bench needs a PRESET}"); shift 2; else STEPS+=("$1"); shift; fi
 done
 PY_STEPS=" install pytest smoke repair-eval vc-cost integrations diffusers-e2e dispatch-floor host-breakdown ulysses \
-modes-int8 modes-kvcache modes-cross modes-short modes-sparse qk-tradeoff wan-formats profile-cross "
+modes-int8 modes-kvcache modes-cross modes-short modes-gqa modes-sparse qk-tradeoff wan-formats profile-cross "
 CPP_STEPS=" cpp-tests sanitizer sass kernel-bench prev variants profile "
 OTHER_STEPS=" anchors "
 for s in "${STEPS[@]}"; do

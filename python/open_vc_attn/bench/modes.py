@@ -36,6 +36,11 @@ Case `short` (issue 28's short shapes): S = 4,096 H = 7, S = 8,192 H = 40, causa
 S = 32,760 H = 12 as the dense case times them, and 8 packed sequences of 9,000 tokens at H = 24 with the peers
 on the same tokens as a batch of 8 (equal lengths need no varlen call).
 
+Case `gqa` (grouped-query attention: 32 query heads on 8 K/V heads, Cosmos 3's, at S = 32,760 dense and 32,768
+causal; MQA, 24 on 1, at S = 16,384): the complete call, the same call on K/V with each head repeated (a caller
+without GQA), the kernel on a prepared input, FA3 BF16 / FP8 and SA2 on the grouped K/V and cuDNN BF16 on the
+repeated heads, each output checked against cuDNN BF16.
+
 Case `sparse` (issue 26, item 8; bench/sparse.py says what it times): at S = 75,600 (21 x 3,600), H = 40, openvc
 dense once, then openvc with block masks (temporal window +-2, frame causal, random densities 10 .. 100%,
 radial) and chunked causal against torch.compile(flex_attention) BF16 on the same BlockMask; each record gets
@@ -57,7 +62,7 @@ import time
 from . import harness, sparse
 from .harness import Eager
 
-CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache", "cross", "short")
+CASES = ("dense", "packed", "padded", "causal", "d64", "int8", "sparse", "kvcache", "cross", "short", "gqa")
 # int8 needs issue 25's API, sparse issue 26's (and minutes of torch.compile): asked for by name
 DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # Formats of the int8 case: label -> keyword arguments of attention (docs: SPEC of issue 25). qk_format and
@@ -233,6 +238,23 @@ def _cross_entries(torch, ova, sq, sk, h, d=128):
     return entries, {e: flops for e in entries}
 
 
+def _gqa_entries(torch, ova, s, h, hk, d=128, causal=False):
+    """The gqa case: h query heads on hk K/V heads in one call, the same call on K/V with each head repeated (what
+    a caller runs without GQA), the kernel on a prepared input, the peers on the grouped K/V (FA3 and SA2 take
+    GQA) and cuDNN BF16 on the repeated heads (the outputs' reference)."""
+    q = _qkv(torch, 1, s, h, d, 9)[0]
+    _, k, v = _qkv(torch, 1, s, hk, d, 10)
+    kr, vr = (x.repeat_interleave(h // hk, dim=2) for x in (k, v))
+    prepared = ova.prepare_fp8(q, k, v)
+    entries = {"openvc": lambda: ova.attention(q, k, v, causal=causal),
+               "openvc-repeated": lambda: ova.attention(q, kr, vr, causal=causal),
+               "openvc-kernel": lambda: ova.attention_fp8(prepared, causal=causal),
+               "cudnn-bf16": _sdpa(torch, q, kr, vr, causal=causal)}
+    entries.update(_peer_entries(torch, q, k, v, causal))
+    flops = harness.attention_flops(1, h, s, s, d) * (0.5 if causal else 1.0)
+    return entries, {e: flops for e in entries}
+
+
 def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     """The int8 case: openvc with each Q/K format (complete call in a CUDA graph and eager, and the kernel on
     a prepared input) against the peers. Entries of a format the build does not take are left out; the
@@ -303,6 +325,10 @@ def case_list(names):
                     ("short-causal-S16384-H24", dict(kind="dense", s=16384, h=24, causal=True)),
                     ("short-packed-8x9000-H24", dict(kind="packed", lens=(9000,) * 8, h=24, peers=True)),
                     ("short-B2-S32760-H12", dict(kind="dense", s=32760, h=12, b=2))]
+        elif name == "gqa":   # grouped-query attention (Cosmos 3: 32 query / 8 K/V heads), MQA
+            out += [("gqa-S32760-H32-Hk8", dict(kind="gqa", s=32760, h=32, hk=8)),
+                    ("gqa-causal-S32768-H32-Hk8", dict(kind="gqa", s=32768, h=32, hk=8, causal=True)),
+                    ("mqa-S16384-H24-Hk1", dict(kind="gqa", s=16384, h=24, hk=1))]
         elif name == "kvcache":   # issue 26's KV-cache acceptance shape
             out.append(("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)))
         elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
@@ -328,6 +354,8 @@ def _build_case(torch, ova, spec):
                               spec.get("causal", False))
     if kind == "kv":
         return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"])
+    if kind == "gqa":
+        return _gqa_entries(torch, ova, spec["s"], spec["h"], spec["hk"], causal=spec.get("causal", False))
     if kind == "cross":
         return _cross_entries(torch, ova, spec["sq"], spec["sk"], spec["h"])
     if kind == "packed":
