@@ -388,3 +388,11 @@ def test_check_sh_documents_new_steps():
     readme = open(os.path.join(REPO, "scripts", "README.md")).read()
     for step in ("anchors", "modes-int8", "qk-tradeoff"):
         assert f"`{step}`" in readme, step
+
+
+def test_modes_gqa_case_is_grouped_shapes():
+    cases = dict(modes.case_list(modes.parse_cases("gqa")))
+    got = [(c["s"], c["h"], c["hk"], c.get("causal", False)) for c in cases.values()]
+    assert got == [(32760, 32, 8, False), (32768, 32, 8, True), (16384, 24, 1, False)]
+    assert all(c["kind"] == "gqa" and c["h"] % c["hk"] == 0 for c in cases.values())
+    assert "gqa" not in modes.DEFAULT_CASES

@@ -286,3 +286,17 @@ def test_equal_head_paths_reject_on_the_gpu(torch):
     blocks = torch.ones(1, 2, 2, device="cuda")
     with pytest.raises(ValueError, match=r"^v_descale: descales per key block .*GQA/MQA"):
         ops.attention_fp8_op(*p.tensors()[:5], blocks, None, None, 0, 0, 0.0, False, 4, False)
+
+
+# ---- bench.modes' gqa case -----------------------------------------------------------------------------------------
+
+def test_bench_gqa_entries_agree_with_cudnn(torch):
+    """The gqa case's entries on a small shape: the grouped call equals the call on repeated heads bit for bit and
+    every openvc entry is within the E4M3 error of cuDNN BF16 on the repeated heads (check_outputs' rel L2)."""
+    from open_vc_attn.bench import modes
+    entries, flops = modes._gqa_entries(torch, ova, 1024, 8, 2)
+    assert {"openvc", "openvc-repeated", "openvc-kernel", "cudnn-bf16"} <= set(entries) and set(flops) == set(entries)
+    assert torch.equal(entries["openvc"](), entries["openvc-repeated"]())
+    errors = modes.check_outputs(torch, entries)
+    for name in ("openvc", "openvc-repeated", "openvc-kernel"):
+        assert isinstance(errors[name], float) and errors[name] < 0.1, (name, errors[name])

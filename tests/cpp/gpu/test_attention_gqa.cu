@@ -1,8 +1,8 @@
 // Grouped-query attention (Fp8Inputs / PrepareParams / AttentionCall::kv_heads): K and V with fewer heads than Q
 // give, bit for bit, the call on K and V with each head repeated heads / kv_heads times, in every fast call form
-// (one call: dense, few keys, causal, packed uneven, key counts, head dim 64, INT8 + smoothing with the LSE, exp2;
-// step-wise prepare_fp8 with Q + attention_fp8), the prepared K/V arrays are those of the repeated heads, a captured
-// call replays with new inputs, and the argument rules name kv_heads.
+// (one call: dense, split tiles, few keys, causal, packed uneven, key counts, head dim 64, INT8 + smoothing with the
+// LSE, exp2; step-wise prepare_fp8 with Q + attention_fp8), the prepared K/V arrays are those of the repeated heads,
+// a captured call replays with new inputs, and the argument rules name kv_heads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -154,6 +154,9 @@ TEST(Sm90Gqa, OneCallEqualsRepeatedHeadsEveryForm) {
     expect_gqa_equals_repeated(c, 12, "causal", causal);
     expect_gqa_equals_repeated(c, 13, "int8 + smoothing, lse of the keys as given", int8_smooth, 2.0f);
     expect_gqa_equals_repeated(c, 14, "int8 + smoothing + exp2, causal", exp2_causal);
+    expect_gqa_equals_repeated(c, 15, "split tiles", [](openvc::AttentionCall& a) {
+      a.tile_split = openvc::TileSplit::kOn;
+    });
   }
   {
     Case c;   // multi-query: one K/V head; few key blocks (the ping-pong mode)
