@@ -37,10 +37,10 @@
 #   integrations      diffusers, SGLang and yunchang: the carried .whl/*.whl (diffusers, sglang, pyzmq, yunchang)
 #                     into /tmp/site, the integration tests and the four examples.
 #   diffusers-e2e     scripts/device/diffusers_e2e.py with the carried .whl/ (diffusers): HunyuanVideo, LTX-Video,
-#                     Motif-Video, CogVideoX 5B and 1.5 and Mochi transformer forwards at real widths and token
-#                     counts, native SDPA vs openvc, calls by path; $OUT/diffusers_e2e.json ($DIFFUSERS_E2E_ARGS
-#                     appended, e.g. "--models ltx --policy-head-dims 64,128"; not yet timed with the three new
-#                     models: estimated ~4 min, < 40 GiB).
+#                     Motif-Video, CogVideoX 5B and 1.5, Mochi and Cosmos 3 (GQA, 32 / 8 heads) transformer forwards
+#                     at real widths and token counts, native SDPA vs openvc, calls by path; $OUT/diffusers_e2e.json
+#                     ($DIFFUSERS_E2E_ARGS appended, e.g. "--models cosmos3" or "--models ltx --policy-head-dims
+#                     64,128"; not yet timed with the four new models: estimated ~5 min, < 40 GiB).
 #   dispatch-floor    scripts/device/dispatch_floor.py: eager per-call time of attention() against SDPA (default,
 #                     cuDNN, flash): the floor at tiny shapes, a profile of one call, the (Sq, Sk) grid at 12/24/40
 #                     heads and its crossover ($FLOOR_ARGS are appended; about 3 minutes).

@@ -29,6 +29,13 @@ random BF16 weights created on the GPU, at real token counts; only the NUMBER of
 - mochi: MochiTransformer3DModel (Mochi-1 10B: 24 x 128, 48 blocks), 848 x 480 x 85 frames -> 15 x 60 x 106
   latent -> 23,850 video tokens + 256 text tokens of which 200 are padding: diffusers runs one SDPA per sample
   over its valid tokens; openvc's processor runs the batch as one call with the padding as key counts.
+- cosmos3: Cosmos3OmniTransformer (Cosmos 3; the class defaults, Qwen3-VL-8B's language-model widths: diffusers'
+  source gives no others, the checkpoints' config.json was not at hand: 36 layers, each with prompt and video
+  weights, 4096 wide, 32 query / 8 key-value heads x 128, MLP 12288, 15.2 B parameters), text-to-video at the
+  pipeline's defaults 1280 x 720 x 189 frames -> 48 x 45 x 80 latent (Wan 2.2 VAE: 4x temporal, 16x spatial) ->
+  patch 2 (height padded to 46) -> 48 x 23 x 40 = 44,160 video tokens; 256 prompt tokens (a detailed prompt in the
+  pipeline's chat template with its duration / resolution sentences). Per layer the prompt's causal self-attention
+  and the video's attention to [prompt; video] keys, both enable_gqa=True (k, v: 8 heads); inputs: _e2e_cosmos3.py.
 
 Times: one warm-up forward per backend, then --runs forwards of each, interleaved (native, openvc, ...)
 so clock drift hits both alike; the median is reported. The calls by path are those of one forward
@@ -148,8 +155,25 @@ MOCHI = {
                  latent=(4, 2, 16, 16), text=(12, 3), text_dim=32),
 }
 
+COSMOS3 = {
+    "class": "Cosmos3OmniTransformer",
+    # the class defaults, written out (the mRoPE entries are read by _e2e_cosmos3.positions)
+    "config": dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+                   head_dim=128, vocab_size=151936, latent_channel=48, latent_patch_size=2, patch_latent_dim=192,
+                   rope_theta=5000000.0, rope_axes_dim=(24, 20, 20), base_fps=24, enable_fps_modulation=True,
+                   unified_3d_mrope_temporal_modality_margin=15000, unified_3d_mrope_reset_spatial_ids=True),
+    "stacks": {"num_hidden_layers": 36},
+    "default_layers": 36,                       # the whole model: ~4.5 s per native forward estimated, ~33 GiB
+    "latent": (48, 48, 45, 80),                 # 720 x 1280, 189 frames (Wan 2.2 VAE 4x temporal, 16x spatial)
+    "text": (256, 0),                           # prompt tokens (the causal prefix), no padding
+    # 8 / 2 heads of 128: the real grouping (4 query heads per key-value head); 12 prompt + 192 video tokens
+    "tiny": dict(config=dict(hidden_size=1024, intermediate_size=64, num_attention_heads=8, num_key_value_heads=2,
+                             vocab_size=64, latent_channel=4, patch_latent_dim=16),
+                 latent=(4, 3, 16, 16), text=(12, 0)),
+}
+
 MODELS = {"hunyuan": HUNYUAN, "ltx": LTX, "motif": MOTIF, "cogvideox": COGVIDEOX, "cogvideox15": COGVIDEOX15,
-          "mochi": MOCHI}
+          "mochi": MOCHI, "cosmos3": COSMOS3}
 
 
 def split_layers(stacks, total):
@@ -201,7 +225,12 @@ def build(torch, name, spec, cfg, device, dtype):
     torch.manual_seed(0)
     with torch.device(device), default_dtype(torch, dtype):
         model = cls(**cfg)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    keep = getattr(cls, "_keep_in_fp32_modules", None) or ()      # FP32 as from_pretrained keeps them (Cosmos 3's
+    for name, module in model.named_modules():                     # time embedder; none in the other models)
+        if name.split(".")[-1] in keep:
+            module.float()
+    return model
 
 
 def text_inputs(torch, tokens, padding, width, gen, device, dtype):
@@ -224,12 +253,25 @@ def cogvideox_rope(torch, cfg, frames, height, width, device, dtype):
     return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
 
+def helper(name):
+    """scripts/device/<name>.py, loaded by path (scripts/ is not a package, and the tests load this file by path)."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).resolve().parent / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def make_inputs(torch, name, spec, tiny, device, dtype, cfg=None):
     """(forward kwargs, video tokens, text tokens) at the model's real token counts (tiny: small ones)."""
     src = spec["tiny"] if tiny else spec
     gen = None if device == "meta" else torch.Generator(device=device).manual_seed(1)   # meta: --shapes-only
     c, f, h, w = src["latent"]
     t, pad = src["text"]
+    if name == "cosmos3":                       # token ids and the packed [prompt; video] sequence, no text states
+        kwargs, video_tokens = helper("_e2e_cosmos3").inputs(torch, cfg, src["latent"], t, gen, device, dtype)
+        return kwargs, video_tokens, t
     text_dim = src.get("text_dim", 4096)
     text, mask = text_inputs(torch, t, pad, text_dim, gen, device, dtype)
     step = torch.tensor([500], device=device)
@@ -262,7 +304,7 @@ def make_inputs(torch, name, spec, tiny, device, dtype, cfg=None):
 def forward(torch, model, inputs):
     with torch.inference_mode():
         out = model(**inputs, return_dict=False)[0]
-    return out
+    return out[0] if isinstance(out, list) else out     # Cosmos 3: per-item predictions, one item
 
 
 def timed(torch, fn, device):
@@ -305,7 +347,7 @@ def fast_path_stand_in(torch, ovd, ovp):
             mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
             out = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), attn_mask=mask,
-                scale=scale, is_causal=causal).transpose(1, 2).to(torch.bfloat16)
+                scale=scale, is_causal=causal, enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2).to(torch.bfloat16)
         lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], device=q.device)
         return (out, lse) if return_lse else out
 
@@ -339,8 +381,14 @@ def describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model):
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
             "blocks": counts, "real_blocks": dict(spec["stacks"]), "video_tokens": video_tokens,
             "text_tokens": text_tokens, "text_padding": (spec["tiny"] if tiny else spec)["text"][1],
-            "heads": cfg["num_attention_heads"], "head_dim": cfg["attention_head_dim"],
+            "heads": cfg["num_attention_heads"], "kv_heads": cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            "head_dim": cfg.get("attention_head_dim", cfg.get("head_dim")),    # Cosmos 3: head_dim
             "params": sum(p.numel() for p in model.parameters())}
+
+
+def heads_text(r):     # '24 x 128'; grouped-query attention: '32 / 8 kv x 128'
+    kv = f" / {r['kv_heads']} kv" if r["kv_heads"] != r["heads"] else ""
+    return f"{r['heads']}{kv} x {r['head_dim']}"
 
 
 def run_model(torch, ovd, name, args, device, dtype, policy):
@@ -358,7 +406,7 @@ def run_model(torch, ovd, name, args, device, dtype, policy):
     record["build_s"] = round(build_s, 2)
     cut = "" if counts == dict(spec["stacks"]) else " -- fewer blocks than the real model (per-block cost kept)"
     print(f"[{name}] {spec['class']}: blocks {counts} (real {spec['stacks']}{cut}), {video_tokens} video + "
-          f"{text_tokens} text tokens, {cfg['num_attention_heads']} x {cfg['attention_head_dim']}, "
+          f"{text_tokens} text tokens, {heads_text(record)}, "
           f"{record['params'] / 1e9:.2f} B params, built in {build_s:.1f} s", flush=True)
 
     def native():
@@ -450,7 +498,7 @@ def table(records):
         times = (f"{sec['native']:.3f} | {sec['openvc']:.3f} | {r['speedup']:.2f}x" if sec else "- | - | -")
         lines.append(f"| {r['model']}: {r['class']} | {blocks} of {sum(r['real_blocks'].values())} | "
                      f"{r['video_tokens']:,} + "
-                     f"{r['text_tokens']} ({r['text_padding']}) | {r['heads']} x {r['head_dim']} | {times} | "
+                     f"{r['text_tokens']} ({r['text_padding']}) | {heads_text(r)} | {times} | "
                      f"{ov} / {fb} |")
     return "\n".join(lines)
 

@@ -62,6 +62,10 @@ def test_dry_run_routes_as_on_the_gpu(e2e, tmp_path):
     # CogVideoX 1.0 / 1.5 and Mochi: joint attention through openvc's processors (diffusers' call torch SDPA)
     for name in ("cogvideox", "cogvideox15", "mochi"):
         assert calls(recs[name]) == {("openvc", ""): 1}, name
+    # Cosmos 3: the video attention (8 query / 2 key-value heads: GQA as it is) on openvc, the prompt's causal
+    # self-attention (12 tokens) on the fallback
+    assert calls(recs["cosmos3"]) == {("openvc", ""): 1, ("fallback", "short query (12 < 100 tokens)"): 1}
+    assert (recs["cosmos3"]["heads"], recs["cosmos3"]["kv_heads"]) == (8, 2)
     for r in recs.values():
         assert r["rel_l2_openvc_vs_native"] < 0.02      # the stand-in is SDPA in FP32: the mask was passed
         assert len(r["times_s"]["native"]) == len(r["times_s"]["openvc"]) == 1
@@ -102,3 +106,10 @@ def test_real_shapes_on_meta(e2e, tmp_path):
     assert (mochi["video_tokens"], mochi["text_tokens"], mochi["text_padding"]) == (23_850, 256, 200)
     assert (mochi["heads"], mochi["head_dim"]) == (24, 128) and mochi["output_shape"] == [1, 12, 15, 60, 106]
     assert calls(mochi) == {("openvc", ""): 24} and 4.9e9 < mochi["params"] < 5.2e9
+    # Cosmos 3 (class defaults, 15.2 B), 1280 x 720 x 189 frames: 48 x 23 x 40 patches + 256 prompt tokens; the video
+    # attention of every layer on openvc with 8 key-value heads for 32 query heads, the prompt's on the fallback
+    cos = recs["cosmos3"]
+    assert (cos["video_tokens"], cos["text_tokens"], cos["heads"], cos["kv_heads"], cos["head_dim"]) == \
+        (44_160, 256, 32, 8, 128)
+    assert cos["output_shape"] == [1, 48, 48, 45, 80] and 15.0e9 < cos["params"] < 15.3e9
+    assert calls(cos) == {("openvc", ""): 36, ("fallback", "short query (256 < 4096 tokens)"): 36}
