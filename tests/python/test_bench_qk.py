@@ -396,3 +396,21 @@ def test_modes_gqa_case_is_grouped_shapes():
     assert got == [(32760, 32, 8, False), (32768, 32, 8, True), (16384, 24, 1, False)]
     assert all(c["kind"] == "gqa" and c["h"] % c["hk"] == 0 for c in cases.values())
     assert "gqa" not in modes.DEFAULT_CASES
+
+
+def test_fa3_quantization_per_head_and_per_kv_head_group():
+    """bench.backends.quantize_per_head: descales per (batch, head), or per (batch, K/V head) for a GQA Q (FA3 takes
+    q_descale [B, Hk]); the codes times the descales give x back within E4M3's rounding."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("torch without float8_e4m3fn")
+    x = torch.randn(2, 64, 8, 16, generator=torch.Generator().manual_seed(3))
+    x[:, :, 5] *= 40.0                       # one head of group 1 sets that group's scale
+    for groups, shape in ((None, (2, 8)), (8, (2, 8)), (2, (2, 2)), (1, (2, 1))):
+        codes, descale = backends.quantize_per_head(x, groups)
+        assert descale.shape == shape and codes.dtype == torch.float8_e4m3fn
+        per_head = descale.repeat_interleave(8 // shape[1], dim=1)[:, None, :, None]
+        err = (codes.float() * per_head - x).abs() / x.abs().amax(dim=(1, 3), keepdim=True)
+        assert float(err.max()) < 0.07
+    _, d2 = backends.quantize_per_head(x, 2)
+    assert float(d2[0, 1]) > 8 * float(d2[0, 0])      # the scaled head's group only

@@ -225,13 +225,17 @@ def _fa4():
     return _import_first(["flash_attn.cute.interface", "flash_attn.cute", "flash_attn_4"], "flash_attn_func")
 
 
-def quantize_per_head(x):
+def quantize_per_head(x, groups=None):
     """[B, S, H, D] -> (e4m3 codes, descale [B, H] float32): amax per (batch, head), the granularity of
-    FA3's q/k/v_descale. Power-of-two scales keep the scaling exact."""
+    FA3's q/k/v_descale. Power-of-two scales keep the scaling exact. groups: Hk for a GQA / MQA Q, whose
+    descale FA3 takes per (batch, K/V head) ([B, Hk]): one amax over each group of H / Hk query heads."""
     import torch
-    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(1e-12)            # [B, H]
+    b, s, h, d = x.shape
+    g = h if groups is None else groups
+    amax = x.abs().reshape(b, s, g, h // g, d).amax(dim=(1, 3, 4)).float().clamp_min(1e-12)   # [B, G]
     mult = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax)))
-    codes = (x.float() * mult[:, None, :, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    per_head = mult.repeat_interleave(h // g, dim=1)                                        # [B, H]
+    codes = (x.float() * per_head[:, None, :, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, mult.reciprocal().contiguous()
 
 

@@ -171,7 +171,8 @@ def _fa3_entries(torch, q, k, v, causal):
     if fa3 is None:
         return {}
     from .backends import quantize_per_head
-    (q8, dq), (k8, dk), (v8, dv) = (quantize_per_head(x) for x in (q, k, v))
+    # GQA / MQA (k with fewer heads): FA3 takes Q's descale per (batch, K/V head)
+    (q8, dq), (k8, dk), (v8, dv) = quantize_per_head(q, k.shape[2]), quantize_per_head(k), quantize_per_head(v)
     return {"fa3-bf16": lambda: fa3.flash_attn_func(q, k, v, causal=causal),
             "fa3-fp8": lambda: fa3.flash_attn_func(q8, k8, v8, causal=causal, q_descale=dq, k_descale=dk,
                                                   v_descale=dv)}
