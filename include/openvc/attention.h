@@ -56,9 +56,9 @@ struct Fp8Inputs {
   // Grouped-query attention (GQA, MQA): the head count of K and V, 0 meaning `heads`. heads must be a multiple
   // of it; query head h attends K/V head h / (heads / kv_heads). k_codes, k_descale, v_packed and v_descale
   // then hold kv_heads heads where the layouts above say H ([B, Sk, kv_heads, D], [B, kv_heads, ...]; packed
-  // likewise), as prepare_fp8 with the same kv_heads writes them: the result is attention on K and V with each
-  // head repeated heads / kv_heads times, bit for bit. Not with repair rows, the VC mode or V block descales
-  // (Status::Unsupported naming in.kv_heads). Last, so that positional initializers stay valid.
+  // likewise; V block descales [B, kv_heads, blocks]), as prepare_fp8 with the same kv_heads writes them: the
+  // result is attention on K and V with each head repeated heads / kv_heads times, bit for bit. Not with repair
+  // rows or the VC mode (Status::Unsupported naming in.kv_heads). Last, so that positional initializers stay valid.
   int kv_heads = 0;
 };
 // The K/V head count of a call: kv_heads, or heads where kv_heads is 0.
@@ -152,8 +152,9 @@ struct PrepareParams {
   // Grouped-query attention (Fp8Inputs::kv_heads): k and v hold kv_heads heads (0: heads; heads a multiple of
   // it), q holds heads. K and V are prepared per K/V head (codes, descales, V scales and, with k_smoothing, the
   // channel means of each K/V head), Q per query head; q_dot_k_mean of query head h uses the means of K/V head
-  // h / (heads / kv_heads). The workspace is prepare_workspace_bytes(groups, heads, ...) as without it. Not with
-  // the KV-cache fields above (Status::Unsupported naming kv_heads). Last, as above.
+  // h / (heads / kv_heads). The workspace is prepare_workspace_bytes(groups, heads, ...) as without it. With the
+  // KV-cache fields above, their layouts hold kv_heads heads where they say H (k_prefix and v_prefix too). Last,
+  // as above.
   int kv_heads = 0;
 };
 // Workspace of prepare_fp8 (a multiple of 16 bytes): groups = batch, or num_seqs for packed sequences;

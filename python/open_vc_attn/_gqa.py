@@ -4,8 +4,9 @@ q holds H heads, k and v Hk heads, H a multiple of Hk; query head h attends K/V 
 is defined as attention on K and V with each head repeated H // Hk times (``k.repeat_interleave(H // Hk,
 dim=-2)``), bit for bit: K and V are quantized per K/V head, exactly as each repeated copy would be. The sm_90a
 fast path runs it in every call form (C++ ``AttentionCall::kv_heads``, ``PrepareParams::kv_heads``,
-``Fp8Inputs::kv_heads``, 0 meaning the query head count); the general path, V residual repair, the VC baseline
-and the FP8 KV cache take equal head counts only (ValueError naming the argument, before anything runs).
+``Fp8Inputs::kv_heads``, 0 meaning the query head count) and in the FP8 KV cache (``FP8KVCache(kv_heads=)``); the
+general path, V residual repair and the VC baseline take equal head counts only (ValueError naming the argument,
+before anything runs).
 """
 from __future__ import annotations
 

@@ -27,14 +27,16 @@ reads a remainder that no longer exists), so it corrupts the cache; capture agai
 is eager Python state (its length): it is not meant to be compiled (torch.compile would break its graph at the
 kernel launches and recompile as the length changes); compile the model around it, or capture a CUDA graph.
 Head dim 128, E4M3 or INT8 Q/K, ExpCast P; no causal mask inside the call (a chunk sees itself and
-everything cached), no K smoothing (each piece's own mean would shift its scores), equal head counts (no GQA /
-MQA: k and v of fewer heads than the cache's raise ValueError naming them).
+everything cached), no K smoothing (each piece's own mean would shift its scores). Grouped-query attention
+(GQA / MQA, as MAGI-1's): ``kv_heads`` K/V heads, a divisor of ``heads``; the cache keeps K and V per K/V head
+(``heads / kv_heads`` times less memory than repeating them), q has ``heads`` heads and query head h attends K/V
+head h // (heads / kv_heads), bit for bit the cache of K and V with each head repeated.
 """
 from __future__ import annotations
 
 import numbers
 
-from . import _checks, _gqa
+from . import _checks
 from ._layout import QUANT_BLOCK
 
 __all__ = ["FP8KVCache"]
@@ -47,24 +49,32 @@ def _blocks(n: int) -> int:
 class FP8KVCache:
     """Keys and values of earlier chunks in FP8, for :meth:`attention` with the current chunk.
 
-    batch, heads, head_dim: the attention's B, H and D (head_dim 128). capacity: the most tokens per batch
-    entry that the cache and one call's current keys hold together (memory: about 2 bytes per token, head and
-    channel, plus the scales). qk_format: "e4m3" or "int8" (the preparation's Q/K format). Buffers are
-    allocated once, on ``device``.
+    batch, heads, head_dim: the attention's B, H (query heads) and D (head_dim 128). capacity: the most tokens
+    per batch entry that the cache and one call's current keys hold together (memory: about 2 bytes per token,
+    K/V head and channel, plus the scales). kv_heads: the K/V head count (GQA / MQA), a divisor of heads; None:
+    heads. qk_format: "e4m3" or "int8" (the preparation's Q/K format). Buffers are allocated once, on
+    ``device``.
     """
 
-    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, *, device=None, qk_format="e4m3"):
+    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, *, device=None, qk_format="e4m3",
+                 kv_heads=None):
         torch = _checks.import_torch()
-        for name, x in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity)):
+        kv_heads = heads if kv_heads is None else kv_heads
+        for name, x in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("capacity", capacity),
+                        ("kv_heads", kv_heads)):
             if not isinstance(x, numbers.Integral) or isinstance(x, bool):
                 raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
             if x < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {x!r}")
+        if heads % kv_heads:
+            raise ValueError(f"kv_heads: expected a divisor of heads = {heads} (GQA/MQA: query head h attends K/V "
+                             f"head h // (heads // kv_heads)), got {kv_heads}")
         if head_dim != 128:
             raise ValueError(f"head_dim: the FP8 KV cache takes 128 (the fast path's V block descales), "
                              f"got {head_dim!r}")
         self.qk_format = _checks.qk_format(qk_format)
         self.batch, self.heads, self.head_dim, self.capacity = int(batch), int(heads), int(head_dim), int(capacity)
+        self.kv_heads = int(kv_heads)
         self.device = torch.device(device if device is not None else "cuda")
         if self.device.type != "cuda":
             raise ValueError(f"device: the FP8 KV cache lives on a CUDA device, got {self.device}")
@@ -72,11 +82,12 @@ class FP8KVCache:
             self.device = torch.device("cuda", torch.cuda.current_device())
         nk = _blocks(capacity)
         slots, codes = nk * QUANT_BLOCK, torch.int8 if self.qk_format == "int8" else torch.uint8
-        kd_shape = (batch, heads, nk, 8) if self.qk_format == "int8" else (batch, heads, nk)
-        self._k = torch.zeros(batch, slots, heads, head_dim, dtype=codes, device=self.device)
+        hk = self.kv_heads   # K and V per K/V head
+        kd_shape = (batch, hk, nk, 8) if self.qk_format == "int8" else (batch, hk, nk)
+        self._k = torch.zeros(batch, slots, hk, head_dim, dtype=codes, device=self.device)
         self._k_descale = torch.zeros(kd_shape, dtype=torch.float32, device=self.device)
-        self._v = torch.zeros(batch, heads, head_dim, slots, dtype=torch.uint8, device=self.device)
-        self._v_descale = torch.zeros(batch, heads, nk, dtype=torch.float32, device=self.device)
+        self._v = torch.zeros(batch, hk, head_dim, slots, dtype=torch.uint8, device=self.device)
+        self._v_descale = torch.zeros(batch, hk, nk, dtype=torch.float32, device=self.device)
         self._used = torch.zeros(batch, dtype=torch.int32, device=self.device)
         self._committed = 0            # tokens quantized into the cache (a multiple of 128)
         self._tail = None              # (k, v) of the last < 128 appended tokens, not quantized yet
@@ -98,20 +109,19 @@ class FP8KVCache:
         self._committed, self._tail = 0, None
 
     def _check_tokens(self, name, x, n_name):
-        """x: [B, n, H, D] BF16 or FP16 on the cache's device (checked here, so that errors name x, not the
-        preparation's q, k or v that it becomes)."""
+        """x: [B, n, H, D] (q) or [B, n, Hk, D] (k, v) BF16 or FP16 on the cache's device (checked here, so that
+        errors name x, not the preparation's q, k or v that it becomes)."""
         torch = _checks.import_torch()
+        grouped_kv = name != "q" and self.kv_heads != self.heads
+        heads, h_name = (self.kv_heads, "Hk") if grouped_kv else (self.heads, "H")
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor [B, {n_name}, H, D], got {type(x).__name__}")
+            raise TypeError(f"{name}: expected a torch.Tensor [B, {n_name}, {h_name}, D], got {type(x).__name__}")
         if x.dtype not in (torch.bfloat16, torch.float16):
             raise TypeError(f"{name}: expected dtype torch.bfloat16 or torch.float16, got {x.dtype}")
-        want = (self.batch, self.heads, self.head_dim)
-        if name != "q" and x.dim() == 4 and (x.shape[0], x.shape[3]) == (self.batch, self.head_dim):
-            # GQA / MQA: V block descales (the cache's layout) take equal head counts only
-            _gqa.check_heads(self.heads, int(x.shape[2]), name, tuple(x.shape), "the cache", "the FP8 KV cache")
+        want = (self.batch, heads, self.head_dim)
         if x.dim() != 4 or (x.shape[0], x.shape[2], x.shape[3]) != want:
-            raise ValueError(f"{name}: expected shape [B={want[0]}, {n_name}, H={want[1]}, D={want[2]}] (the cache's), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(f"{name}: expected shape [B={want[0]}, {n_name}, {h_name}={want[1]}, D={want[2]}] (the "
+                             f"cache's), got {tuple(x.shape)}")
         if x.device != self.device:
             raise ValueError(f"{name}: expected a tensor on the cache's device {self.device}, got {x.device}")
         if x.requires_grad:
@@ -151,7 +161,7 @@ class FP8KVCache:
             return fp8.prepare_into_slots(q, k, v, self.qk_format, slot_views, layout, kv_prefix=prefix)
 
     def append(self, k, v) -> None:
-        """Appends the keys and values k, v [B, n, H, D] (BF16 or FP16, on the cache's device): the remainder
+        """Appends the keys and values k, v [B, n, Hk, D] (BF16 or FP16, on the cache's device): the remainder
         kept from earlier calls followed by k, v is quantized in whole 128-key blocks, once, with its own scales;
         its last (remainder + n) mod 128 tokens stay in k's dtype until the next append."""
         if k is None or v is None:
@@ -171,7 +181,7 @@ class FP8KVCache:
 
     def attention(self, q, k=None, v=None, *, softmax_scale=None, return_lse=False, out_dtype=None,
                   mid_window_blocks=None):
-        """Attention of q [B, Sq, H, D] over the cached keys, the remainder and k, v [B, n, H, D] (the
+        """Attention of q [B, Sq, H, D] over the cached keys, the remainder and k, v [B, n, Hk, D] (the
         current chunk's, not stored; optional), every key visible to every query. Returns out [B, Sq, H, D]
         (BF16, or out_dtype), with return_lse (out, lse float32 [B, H, Sq]). softmax_scale None: 1/sqrt(D);
         mid_window_blocks None: natural order (the cache's keys need not line up with q's positions)."""

@@ -166,9 +166,6 @@ Status validate(const PrepareParams& p) {
   if (p.kv_heads < 0 || (p.kv_heads > 0 && p.heads % p.kv_heads != 0))
     return Status::Invalid("prepare_fp8: params.kv_heads must be 0 (the heads of q) or a divisor of heads = " +
                            std::to_string(p.heads) + " (grouped-query attention), got " + std::to_string(p.kv_heads));
-  if (kv_heads_or(p.heads, p.kv_heads) != p.heads && uses_cache_fields(p))
-    return Status::Unsupported("prepare_fp8: params.kv_heads: the KV-cache fields take K and V with the heads of q "
-                               "(kv_heads 0 or heads)");
   if (p.head_dim != 128 && p.head_dim != 64)
     return Status::Unsupported("prepare_fp8: params.head_dim must be 128 or 64, got " + std::to_string(p.head_dim));
   // Q omitted (q.data, q_codes and q_descale all null): K and V only, for an attention kernel that

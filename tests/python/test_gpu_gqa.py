@@ -268,8 +268,7 @@ def test_compile_fullgraph_and_opcheck(torch, h, hk):
 # ---- what takes equal head counts only -----------------------------------------------------------------------------
 
 def test_equal_head_paths_reject_on_the_gpu(torch):
-    from open_vc_attn import baselines, ops, repair
-    from open_vc_attn.kv_cache import FP8KVCache
+    from open_vc_attn import baselines, repair
     q, k, v = inputs(torch, 1, 8, 2, b=1, sq=256, sk=256)
     with pytest.raises(ValueError, match="^k: .*prepare_v_repair does not take GQA/MQA"):
         repair.prepare_v_repair(q, k, v)
@@ -277,15 +276,24 @@ def test_equal_head_paths_reject_on_the_gpu(torch):
         repair.prepare_v_repair(q, rep(k, 8), rep(v, 8), prepared=ova.prepare_fp8(q, k, v))
     with pytest.raises(ValueError, match="^k: .*prepare_vc does not take GQA/MQA"):
         baselines.vc_attention(q, k, v)
-    cache = FP8KVCache(1, 8, 128, capacity=1024)
-    with pytest.raises(ValueError, match="^k: expected 8 heads like the cache.*FP8 KV cache does not take GQA/MQA"):
-        cache.append(k, v)
-    with pytest.raises(ValueError, match="^k: expected 8 heads like the cache"):
-        cache.attention(q, k, v)
-    p = ova.prepare_fp8(q, k, v)
-    blocks = torch.ones(1, 2, 2, device="cuda")
-    with pytest.raises(ValueError, match=r"^v_descale: descales per key block .*GQA/MQA"):
-        ops.attention_fp8_op(*p.tensors()[:5], blocks, None, None, 0, 0, 0.0, False, 4, False)
+
+
+def test_v_block_descales_equal_repeated_heads(torch):
+    """attention_fp8 with V descales per key block ([B, Hk, nk], the FP8 KV cache's layout) on grouped K/V: the call
+    on the repeated heads' preparation with its [B, H, nk] descales, bit for bit (different descales per block)."""
+    from open_vc_attn import ops
+    q, k, v = inputs(torch, 2, 8, 2, b=2, sq=300, sk=700)
+
+    def per_block(p):
+        t = p.tensors()
+        scale = torch.arange(1, 7, device="cuda", dtype=torch.float32) / 3   # a different factor per block
+        blocks = (t[5][:, :, None] * scale).contiguous()   # [B, heads of K/V, ceil(700/128) = 6]
+        return ops.attention_fp8_op(*t[:5], blocks, None, None, 0, 0, 0.0, False, 4, True)
+
+    out_g, lse_g = per_block(ova.prepare_fp8(q, k, v))
+    out_r, lse_r = per_block(ova.prepare_fp8(q, rep(k, 8), rep(v, 8)))
+    assert torch.equal(out_g, out_r) and torch.equal(lse_g, lse_r)
+    assert torch.isfinite(out_g).all()
 
 
 # ---- bench.modes' gqa case -----------------------------------------------------------------------------------------

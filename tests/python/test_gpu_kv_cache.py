@@ -106,7 +106,7 @@ def test_rejected_calls_name_the_argument(torch):
     k, v = torch_qkv(torch, 1, 300, 2, seed=6)[1:]
     with pytest.raises(ValueError, match="capacity"):
         cache.append(k, v)
-    with pytest.raises(ValueError, match="k: expected 2 heads like the cache"):   # fewer heads: GQA is refused
+    with pytest.raises(ValueError, match="H=2"):   # a cache of equal head counts: k of 1 head is refused
         cache.append(k[:, :, :1], v[:, :, :1])
     with pytest.raises(ValueError, match="k and v"):
         cache.attention(k[:, :10], k[:, :10])
@@ -153,6 +153,33 @@ def test_block_boundaries_reset_and_fp16(torch):
     assert rel(out16, exact(torch, q, torch.cat([k1, k3], 1), torch.cat([v1, v3], 1))[0]) < 0.08
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "int8"])
+def test_grouped_cache_equals_repeated_heads(torch, fmt):
+    """A cache of 8 query / 2 K/V heads (GQA, as MAGI-1's) keeps K and V per K/V head (a quarter of the memory)
+    and gives, bit for bit, the cache of 8 heads fed K and V with each head repeated: appends with remainders,
+    attention with the current chunk and without it (the remainder prepared with q), the LSE."""
+    b, h, hk, lens = 2, 8, 2, [300, 1000, 77]
+    pieces = chunks(torch, b, lens, hk, seed=60)
+    grouped = FP8KVCache(b, h, 128, capacity=2048, qk_format=fmt, kv_heads=hk)
+    repeated = FP8KVCache(b, h, 128, capacity=2048, qk_format=fmt)
+    rep = lambda x: x.repeat_interleave(h // hk, dim=2)   # noqa: E731
+    for k, v in pieces[:-1]:
+        grouped.append(k, v)
+        repeated.append(rep(k), rep(v))
+    q = torch_qkv(torch, b, 500, h, seed=9)[0]
+    k_cur, v_cur = pieces[-1]
+    out_g, lse_g = grouped.attention(q, k_cur, v_cur, return_lse=True)
+    out_r, lse_r = repeated.attention(q, rep(k_cur), rep(v_cur), return_lse=True)
+    assert torch.equal(out_g, out_r) and torch.equal(lse_g, lse_r)
+    assert torch.equal(grouped.attention(q), repeated.attention(q))   # the cached keys and the remainder
+    k_all, v_all = (torch.cat([p[i] for p in pieces], 1) for i in (0, 1))
+    assert rel(out_g, exact(torch, q, rep(k_all), rep(v_all))[0]) < 0.08
+    assert grouped.memory_bytes() < 0.3 * repeated.memory_bytes()
+    with pytest.raises(ValueError, match=r"^k: expected shape \[B=2, n, Hk=2, D=128\]"):
+        grouped.append(rep(k_cur), rep(v_cur))
+
+
 def test_constructor_rules_cpu(torch):
     with pytest.raises(ValueError, match="head_dim"):
         FP8KVCache(1, 2, 64, capacity=256, device="cpu")
@@ -164,6 +191,14 @@ def test_constructor_rules_cpu(torch):
         FP8KVCache(1.0, 2, 128, capacity=256, device="cpu")
     with pytest.raises(ValueError, match="device"):
         FP8KVCache(1, 2, 128, capacity=256, device="cpu")
+    with pytest.raises(ValueError, match=r"^kv_heads: expected a divisor of heads = 8 .*got 3"):
+        FP8KVCache(1, 8, 128, capacity=256, device="cpu", kv_heads=3)
+    with pytest.raises(ValueError, match=r"^kv_heads: expected an int >= 1, got 0"):
+        FP8KVCache(1, 8, 128, capacity=256, device="cpu", kv_heads=0)
+    with pytest.raises(TypeError, match="^kv_heads: expected an int"):
+        FP8KVCache(1, 8, 128, capacity=256, device="cpu", kv_heads=2.0)
+    with pytest.raises(ValueError, match="device"):   # kv_heads 2 of 8 heads passes the rules
+        FP8KVCache(1, 8, 128, capacity=256, device="cpu", kv_heads=2)
 
 
 def test_bench_case_cpu():

@@ -83,8 +83,10 @@ def test_grouped_calls_past_the_fast_path_name_k(torch, fake):
                                              r"path='general' asks for it"):
             ops.attention_fp8(*tensors, None, None, 0, 0, 0.0, False, 4, False, path="general")
         blocks = torch.ones(1, 8, 8, dtype=torch.float32, device="cuda")   # V descales per key block
-        with pytest.raises(ValueError, match=r"^v_descale: descales per key block.*not with GQA/MQA \(2 K/V heads"):
-            ops.attention_fp8(*tensors[:5], blocks[:, :2], None, None, 0, 0, 0.0, False, 4, False)
+        out, _ = ops.attention_fp8(*tensors[:5], blocks[:, :2], None, None, 0, 0, 0.0, False, 4, False)   # [B, Hk, nk]
+        assert out.shape == q.shape
+        with pytest.raises(ValueError, match=r"^v_descale: expected shape \(1, 2, 8\)"):   # Hk heads, not H
+            ops.attention_fp8(*tensors[:5], blocks, None, None, 0, 0, 0.0, False, 4, False)
     with fake():   # attention_fp8 on a PreparedFP8 past the range (quantized elsewhere: from_quantized)
         from open_vc_attn import _layout
         big = [torch.empty(shape, dtype=getattr(torch, dtype), device="cuda")
@@ -115,7 +117,7 @@ def test_from_quantized_heads(torch, fake):
 
 
 def test_equal_head_functions_name_the_argument(torch):
-    """V residual repair, the VC baseline and the FP8 KV cache take equal head counts only."""
+    """V residual repair and the VC baseline take equal head counts only; the FP8 KV cache takes its kv_heads."""
     from open_vc_attn import baselines, kv_cache, repair
     q, k, v = qkv(torch, 8, 2)
     with pytest.raises(ValueError, match=r"^k: expected 8 heads like q, got shape \(1, 256, 2, 128\): "
@@ -136,12 +138,19 @@ def test_equal_head_functions_name_the_argument(torch):
                                          "repair does not take GQA/MQA"):
         repair.attention_v_repair(pr)
     cache = object.__new__(kv_cache.FP8KVCache)   # the argument rules of a cache of 8 heads (no CUDA buffers)
-    cache.batch, cache.heads, cache.head_dim, cache.device = 1, 8, 128, torch.device("cpu")
+    cache.batch, cache.heads, cache.kv_heads, cache.head_dim, cache.device = 1, 8, 8, 128, torch.device("cpu")
     for name in ("k", "v"):
-        with pytest.raises(ValueError, match=rf"^{name}: expected 8 heads like the cache, got shape "
-                                             r"\(1, 256, 2, 128\): the FP8 KV cache does not take GQA/MQA"):
+        with pytest.raises(ValueError, match=rf"^{name}: expected shape \[B=1, n, H=8, D=128\] \(the cache's\), got "
+                                             r"\(1, 256, 2, 128\)"):
             cache._check_tokens(name, k, "n")
     cache._check_tokens("q", q, "Sq")   # q of the cache's heads passes
+    cache.kv_heads = 2                   # a grouped cache: k and v of its K/V heads, q of its query heads
+    for name in ("k", "v"):
+        cache._check_tokens(name, k, "n")
+    with pytest.raises(ValueError, match=r"^k: expected shape \[B=1, n, Hk=2, D=128\]"):
+        cache._check_tokens("k", q, "n")
+    with pytest.raises(ValueError, match=r"^q: expected shape \[B=1, Sq, H=8, D=128\]"):
+        cache._check_tokens("q", k, "Sq")
 
 
 # ---- fake implementations: shapes under torch.compile / FakeTensorMode ---------------------------------------------

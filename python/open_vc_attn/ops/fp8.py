@@ -25,8 +25,8 @@
   rounding of the exponential; qk_format "int8" only, else ValueError naming p_format); it changes no shape. v_descale
   [B, H] (packed [N, H]) holds one V descale per head, as prepare_fp8 writes it; [B, H, ceil(Sk/128)] (packed
   [N, H, ceil(max_seqlen_k/128)]) one per 128-key block (AttentionParams.v_descale_per_block: K/V chunks
-  quantized separately, e.g. open_vc_attn.kv_cache): fast path, head_dim 128, not causal, ExpCast P, equal head
-  counts (ValueError naming v_descale otherwise). The K/V tensors may hold Hk heads, a divisor of H (GQA/MQA: the
+  quantized separately, e.g. open_vc_attn.kv_cache; [B, Hk, ...] with GQA/MQA): fast path, head_dim 128, not
+  causal, ExpCast P (ValueError naming v_descale otherwise). The K/V tensors may hold Hk heads, a divisor of H (GQA/MQA: the
   head count of k_codes is Fp8Inputs::kv_heads), on the fast path only (ValueError naming k_codes where the call
   would need the general path).
 
@@ -68,7 +68,7 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
     sizes outs);
     kv_prefix: optional (k0, v0) [B, r, H, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
     no k_smoothing), prepared with them as one sequence of r + Sk keys. k and v of fewer heads than q
-    (GQA/MQA, checked by the caller): PrepareParams.kv_heads (not with out_layout or kv_prefix)."""
+    (GQA/MQA, checked by the caller): PrepareParams.kv_heads (outs, out_layout and kv_prefix of k's heads)."""
     ext = _ext.load()
     p = dev.params(ext.PrepareParams, dtype=dev.dtype_of(q), heads=int(q.shape[-2]), head_dim=int(q.shape[-1]),
                    q=dev.token_view(q, packed_fields is not None), k=dev.token_view(k, packed_fields is not None),
@@ -149,10 +149,9 @@ def prepare_into_slots(q, k, v, qk_format, kv_outs, out_layout, kv_prefix=None):
     (open_vc_attn.kv_cache): kv_outs the views (k_codes, k_descale, v_packed, v_descale) at the cache's first
     free slot, out_layout PrepareParams' output layout fields (the cache sizes its buffers for the call),
     kv_prefix an optional (k0, v0) of keys before k and v (the cache's remainder, checked by the cache).
-    Returns the new (q_codes, q_descale). Not an op: the cache mutates its own buffers, eagerly. Equal head
-    counts only (V block descales: no GQA/MQA; ValueError naming k)."""
+    Returns the new (q_codes, q_descale). Not an op: the cache mutates its own buffers, eagerly. k and v (and the
+    views, and the prefix) may hold Hk heads, a divisor of q's (GQA/MQA; _prepare_args names k otherwise)."""
     _, fmt, _ = _prepare_args(q, k, v, None, None, 0, 0, None, qk_format, False)
-    _gqa.check_heads(int(q.shape[2]), int(k.shape[2]), "k", _checks.shape_of(k), what="the FP8 KV cache")
     named = (("q", q), ("k", k), ("v", v))
     if kv_prefix is not None:
         named += (("k (the cache's remainder)", kv_prefix[0]), ("v (the cache's remainder)", kv_prefix[1]))
@@ -239,13 +238,11 @@ def _attention_args(tensors, cu_q, cu_k, max_q, max_k, softmax_scale, causal, mi
                                                     mid_window_blocks, qk_format, p_format, path, v_blocks)
     kv_heads = int(tensors[2].shape[-2])
     where = route(path, qk_format, packed, sizes, max_q, max_k, causal, seqused_k, kv_heads)
-    grouped = kv_heads != int(sizes[3])
-    if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2" or grouped):
+    if v_blocks and (where == "general" or causal or sizes[4] != 128 or p_format == "exp2"):
         why = ("the sm_90a fast path cannot take this call (path='general', or past its range)" if where == "general"
-               else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128
-               else "p_format 'exp2'" if p_format == "exp2" else f"GQA/MQA ({kv_heads} K/V heads for {sizes[3]})")
+               else "causal" if causal else f"head_dim {sizes[4]}" if sizes[4] != 128 else "p_format 'exp2'")
         raise ValueError(f"v_descale: descales per key block (rank 3) run on the fast path with head_dim 128, "
-                         f"ExpCast P, equal head counts and no causal mask; not with {why}")
+                         f"ExpCast P and no causal mask; not with {why}")
     _checks.check_seqused_k(seqused_k, int(sizes[0]), tensors[0].device, "sequences" if packed else "batch entries")
     return packed, sizes, where, v_blocks
 

@@ -251,7 +251,7 @@ __device__ __forceinline__ void consumer_loop(SharedStorage<kMode>& sh, const Ke
     const float* kd = k_descales<kInt8>(p, c);
     // kVScale: the (b, h)'s V block descales and the one of the block whose codes st.p holds (its PV product
     // is flushed one step later).
-    const float* vd = kVScale ? p.v_descale + (int64_t(c.b) * p.heads + c.h) * p.num_k_blocks : nullptr;
+    const float* vd = kVScale ? p.v_descale + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * p.num_k_blocks : nullptr;
     float dv_p = 1.0f;
     // Keys that rows g and g+8 see (causal: up to the diagonal), and the fewest any row of the tile
     // sees: a block at or past that one needs the masked path (a CTA-uniform decision).

@@ -175,9 +175,8 @@ Status validate_form(const AttentionParams& p, bool vc) {
   if (in.kv_heads < 0 || (in.kv_heads > 0 && in.heads % in.kv_heads != 0))
     return Status::Invalid("in.kv_heads must be 0 (in.heads) or a divisor of in.heads = " + str(in.heads) +
                            " (grouped-query attention), got " + str(in.kv_heads));
-  if (kv_heads_or(in.heads, in.kv_heads) != in.heads && (p.repair.rows > 0 || vc || p.v_descale_per_block))
-    return Status::Unsupported(std::string("in.kv_heads: ") +
-                               (vc ? "the VC mode" : p.repair.rows > 0 ? "repair rows" : "V block descales") +
+  if (kv_heads_or(in.heads, in.kv_heads) != in.heads && (p.repair.rows > 0 || vc))
+    return Status::Unsupported(std::string("in.kv_heads: ") + (vc ? "the VC mode" : "repair rows") +
                                " take K and V with the heads of Q only (kv_heads 0 or heads)");
   const bool varlen = sh.packed || p.seqused_k != nullptr;
   if (in.qk_format != QkFormat::kE4M3 && in.qk_format != QkFormat::kInt8)

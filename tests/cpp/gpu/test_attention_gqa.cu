@@ -1,7 +1,8 @@
 // Grouped-query attention (Fp8Inputs / PrepareParams / AttentionCall::kv_heads): K and V with fewer heads than Q
 // give, bit for bit, the call on K and V with each head repeated heads / kv_heads times, in every fast call form
 // (one call: dense, split tiles, few keys, causal, packed uneven, key counts, head dim 64, INT8 + smoothing with the
-// LSE, exp2; step-wise prepare_fp8 with Q + attention_fp8), the prepared K/V arrays are those of the repeated heads,
+// LSE, exp2; step-wise prepare_fp8 with Q + attention_fp8, also with a KV cache's fields: K/V in two parts and V
+// descales per key block), the prepared K/V arrays are those of the repeated heads,
 // a captured call replays with new inputs, and the argument rules name kv_heads.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -183,35 +184,54 @@ TEST(Sm90Gqa, OneCallEqualsRepeatedHeadsEveryForm) {
 
 // prepare_fp8 with Q (Q's and K's blocks then take a launch each) and attention_fp8 on its arrays: the K/V arrays of
 // each K/V head equal those the repeated heads get, q . mean(K) of each query head too, and so does the output.
+// Step-wise (prepare_fp8 with Q, then attention_fp8) in four forms: E4M3; INT8 with K smoothing and q . mean(K);
+// and a KV cache's (E4M3 and INT8): K and V in two parts (kv_prefix_len keys from k_prefix / v_prefix) with V
+// descales per 128-key block, read back by attention_fp8's v_descale_per_block.
 TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
   SKIP_WITHOUT_SM90();
-  for (const bool int8 : {false, true}) {
+  struct Form {
+    bool int8, cache;
+    const char* name;
+  };
+  for (const Form f : {Form{false, false, "e4m3"}, Form{true, false, "int8 + smoothing"},
+                       Form{false, true, "e4m3, KV-cache fields"}, Form{true, true, "int8, KV-cache fields"}}) {
+    const bool int8 = f.int8, smooth = f.int8 && !f.cache;
     Case c;
     c.h = 6, c.hk = 3;
-    Buffers bf(c, int8 ? 52 : 51);
+    Buffers bf(c, 51 + 2 * int8 + f.cache);
     const int64_t gh = int64_t(c.b) * c.h;
     const int64_t nq = openvc::num_quant_blocks(c.sq), nk = openvc::num_quant_blocks(c.sk);
-    const int64_t sk_pad = openvc::packed_seqlen_k(c.sk), kg = int8 ? 8 : 1;
+    const int64_t sk_pad = openvc::packed_seqlen_k(c.sk), kg = int8 ? 8 : 1, vd = f.cache ? nk : 1;
+    const int prefix = f.cache ? 200 : 0;   // keys [0, 200) from k_prefix / v_prefix: across a block boundary
     struct Prepared {
       int64_t gk;
       DevBuf qc, qs, kc, ks, vp, vs, term, ws;
-      Prepared(const Case& c, int kh, int64_t gh, int64_t nq, int64_t nk, int64_t kg, int64_t sk_pad, bool int8)
+      Prepared(const Case& c, int kh, int64_t gh, int64_t nq, int64_t nk, int64_t kg, int64_t vd, int64_t sk_pad,
+               bool int8, bool smooth)
           : gk(int64_t(c.b) * kh), qc(c.rows_q() * c.h * c.d), qs(gh * (int8 ? c.sq : nq) * 4),
-            kc(c.rows_k() * kh * c.d), ks(gk * nk * kg * 4), vp(gk * c.d * sk_pad), vs(gk * 4), term(c.lse_n() * 4),
-            ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, int8)) {}
+            kc(c.rows_k() * kh * c.d), ks(gk * nk * kg * 4), vp(gk * c.d * sk_pad), vs(gk * vd * 4),
+            term(c.lse_n() * 4), ws(openvc::prepare_workspace_bytes(c.b, c.h, c.sk, smooth)) {}
     };
     auto prepare = [&](bool gqa, Prepared& pr) {
       const int kh = gqa ? c.hk : c.h;
       CUDA_OK(cudaMemset(pr.kc.p, 0xAB, pr.kc.bytes));
       CUDA_OK(cudaMemset(pr.vp.p, 0xAB, pr.vp.bytes));
+      CUDA_OK(cudaMemset(pr.vs.p, 0xFF, pr.vs.bytes));
       openvc::PrepareParams p;
-      p.qk_format = int8 ? openvc::QkFormat::kInt8 : openvc::QkFormat::kE4M3, p.k_smoothing = int8;
+      p.qk_format = int8 ? openvc::QkFormat::kInt8 : openvc::QkFormat::kE4M3, p.k_smoothing = smooth;
       p.batch = c.b, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.heads = c.h, p.kv_heads = gqa ? c.hk : 0, p.head_dim = c.d;
       p.q = view(c, bf.q.p, c.sq, c.h);
-      p.k = view(c, gqa ? bf.k.p : bf.k_rep.p, c.sk, kh), p.v = view(c, gqa ? bf.v.p : bf.v_rep.p, c.sk, kh);
+      const auto* k0 = static_cast<const char*>(gqa ? bf.k.p : bf.k_rep.p);
+      const auto* v0 = static_cast<const char*>(gqa ? bf.v.p : bf.v_rep.p);
+      const int64_t skip = int64_t(prefix) * kh * c.d * 2;   // k and v start after the prefix's rows
+      p.k = view(c, k0 + skip, c.sk, kh), p.v = view(c, v0 + skip, c.sk, kh);
+      if (f.cache) {
+        p.kv_prefix_len = prefix, p.v_descale_per_block = true;
+        p.k_prefix = view(c, k0, c.sk, kh), p.v_prefix = view(c, v0, c.sk, kh);
+      }
       p.q_codes = pr.qc.as<uint8_t>(), p.q_descale = pr.qs.as<float>(), p.k_codes = pr.kc.as<uint8_t>();
       p.k_descale = pr.ks.as<float>(), p.v_packed = pr.vp.as<uint8_t>(), p.v_descale = pr.vs.as<float>();
-      p.q_dot_k_mean = int8 ? pr.term.as<float>() : nullptr;
+      p.q_dot_k_mean = smooth ? pr.term.as<float>() : nullptr;
       p.workspace = pr.ws.p, p.workspace_bytes = pr.ws.bytes;
       const openvc::Status st = openvc::prepare_fp8(p, nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
@@ -219,6 +239,7 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
       ap.in = {c.b, c.sq, c.sk, c.h, c.d, p.q_codes, p.q_descale, p.k_codes, p.k_descale, p.v_packed, p.v_descale,
                p.qk_format};
       ap.in.kv_heads = gqa ? c.hk : 0;
+      ap.v_descale_per_block = f.cache;
       ap.out = bf.out.p, ap.out_stride_batch = int64_t(c.sq) * c.h * c.d, ap.out_stride_seq = int64_t(c.h) * c.d;
       ap.out_stride_head = c.d, ap.lse = bf.lse.as<float>();
       CUDA_OK(cudaMemset(bf.out.p, 0xFF, bf.out.bytes));
@@ -226,18 +247,19 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
       ASSERT_TRUE(sa.ok()) << sa.message();
       CUDA_OK(cudaDeviceSynchronize());
     };
-    Prepared pg(c, c.hk, gh, nq, nk, kg, sk_pad, int8), pr(c, c.h, gh, nq, nk, kg, sk_pad, int8);
+    Prepared pg(c, c.hk, gh, nq, nk, kg, vd, sk_pad, int8, smooth), pr(c, c.h, gh, nq, nk, kg, vd, sk_pad, int8, smooth);
     prepare(true, pg);
     const auto out_g = download<uint16_t>(bf.out.p, bf.out.bytes / 2);
     const auto lse_g = download<float>(bf.lse.p, c.lse_n());
     prepare(false, pr);
     const auto out_r = download<uint16_t>(bf.out.p, bf.out.bytes / 2);
     const auto lse_r = download<float>(bf.lse.p, c.lse_n());
-    ASSERT_EQ(out_g, out_r) << (int8 ? "int8" : "e4m3") << " output";
-    ASSERT_EQ(0, std::memcmp(lse_g.data(), lse_r.data(), lse_g.size() * 4)) << "lse";
+    for (const uint16_t x : out_g) ASSERT_NE(0xFFFF, x) << f.name << ": an output left poisoned";
+    ASSERT_EQ(out_g, out_r) << f.name << " output";
+    ASSERT_EQ(0, std::memcmp(lse_g.data(), lse_r.data(), lse_g.size() * 4)) << f.name << " lse";
     EXPECT_EQ(download<uint8_t>(pg.qc.p, pg.qc.bytes), download<uint8_t>(pr.qc.p, pr.qc.bytes)) << "Q codes";
     EXPECT_EQ(download<float>(pg.qs.p, pg.qs.bytes / 4), download<float>(pr.qs.p, pr.qs.bytes / 4)) << "Q descales";
-    if (int8) {
+    if (smooth) {
       EXPECT_EQ(download<float>(pg.term.p, c.lse_n()), download<float>(pr.term.p, c.lse_n())) << "q . mean(K)";
     }
     // K/V head j of the grouped arrays against head j g of the repeated ones.
@@ -252,10 +274,13 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
         for (int s = 0; s < c.sk; ++s)
           ASSERT_EQ(0, std::memcmp(&kc_g[((int64_t(b) * c.sk + s) * c.hk + j) * c.d],
                                    &kc_r[((int64_t(b) * c.sk + s) * c.h + j * g) * c.d], c.d))
-              << "K codes b " << b << " head " << j << " key " << s;
-        ASSERT_EQ(0, std::memcmp(&ks_g[bj * nk * kg], &ks_r[bh * nk * kg], nk * kg * 4)) << "K descales";
+              << f.name << ": K codes b " << b << " head " << j << " key " << s;
+        ASSERT_EQ(0, std::memcmp(&ks_g[bj * nk * kg], &ks_r[bh * nk * kg], nk * kg * 4)) << f.name << ": K descales";
         ASSERT_EQ(0, std::memcmp(&vp_g[bj * c.d * sk_pad], &vp_r[bh * c.d * sk_pad], c.d * sk_pad)) << "V codes";
-        ASSERT_EQ(vs_g[bj], vs_r[bh]) << "V descale";
+        for (int64_t i = 0; i < vd; ++i) {
+          ASSERT_EQ(vs_g[bj * vd + i], vs_r[bh * vd + i]) << f.name << ": V descale " << i;
+          ASSERT_GT(vs_g[bj * vd + i], 0.0f) << f.name << ": V descale " << i << " not written";
+        }
       }
   }
 }
