@@ -1,7 +1,7 @@
 #!/bin/bash
 # Twenty-eighth session, call D: the FP8 KV cache with grouped K/V heads (FP8KVCache(kv_heads=), PrepareParams'
 # KV-cache fields and AttentionParams::v_descale_per_block with kv_heads). The library (N) taken from the wheel
-# built here; every C++ GPU test (Sm90Gqa.* first), memcheck on the GQA tests, the Python GPU tests of the cache and
+# built here; the C++ GPU tests of GQA, V block descales and the cache's layouts, memcheck on the GQA step-wise test, the Python GPU tests of the cache and
 # GQA files, the two files call B failed (fixed in f8fb62e), and the smoke check.
 # Carry: .carry/kvgqa (wheel, openvc_gpu_tests_N.gz).
 cd "$(dirname "$0")/../../.."
@@ -17,8 +17,11 @@ san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 LD_LIBRARY_PATH=/tmp/N timeout 100 $san --tool memcheck --error-exitcode 9 $T --gtest_filter='Sm90Gqa.Stepwise*' > /tmp/memcheck.log 2>&1
 echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' /tmp/memcheck.log | tail -1) $(grep -cE 'OK \]' /tmp/memcheck.log) ok" | tee $OUT/sanitizer_N.log
 grep -m20 -E "Invalid|FAILED|Failure" /tmp/memcheck.log >> $OUT/sanitizer_N.log
-LD_LIBRARY_PATH=/tmp/N timeout 150 $T --gtest_filter='-Sm90Gqa.*:Sm90VBlockDescale*:*PrepareOutLayout*' 2>&1 | filter > $OUT/tests_N.log
-echo "tests rc ${PIPESTATUS[0]}" >> $OUT/tests_N.log; tail -4 $OUT/tests_N.log
+# every other C++ GPU test only where time is left (OPENVC_ALL_CPP=1): the device budget was short this session
+if [ -n "$OPENVC_ALL_CPP" ]; then
+  LD_LIBRARY_PATH=/tmp/N timeout 150 $T --gtest_filter='-Sm90Gqa.*:Sm90VBlockDescale*:*PrepareOutLayout*' 2>&1 | filter > $OUT/tests_N.log
+  echo "tests rc ${PIPESTATUS[0]}" >> $OUT/tests_N.log; tail -4 $OUT/tests_N.log
+fi
 PYTEST_ARGS="tests/python/test_gpu_kv_cache.py tests/python/test_gpu_gqa.py tests/python/test_gqa.py \
   tests/python/test_integrations_diffusers_anyflow_helios.py" timeout 200 bash scripts/device/check.sh install pytest \
   > $OUT/check_pytest.log 2>&1
