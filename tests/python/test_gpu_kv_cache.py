@@ -204,5 +204,18 @@ def test_constructor_rules_cpu(torch):
 def test_bench_case_cpu():
     from open_vc_attn.bench import modes
     assert "kvcache" in modes.CASES and "kvcache" not in modes.DEFAULT_CASES   # asked for by name
-    [(name, spec)] = modes.case_list(modes.parse_cases("kvcache"))
-    assert spec == dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12), (name, spec)
+    [(_, spec), (_, grouped)] = modes.case_list(modes.parse_cases("kvcache"))
+    assert spec == dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12), spec
+    assert grouped == dict(spec, h=32, hk=8), grouped
+
+
+@pytest.mark.gpu
+def test_bench_grouped_step_agrees_with_cudnn(torch):
+    """The kvcache case's entries at a small grouped shape: the step, the complete call and cuDNN BF16 (on the
+    repeated heads) agree within the E4M3 error (check_outputs' rule)."""
+    from open_vc_attn.bench import modes
+    entries, flops = modes._kv_entries(torch, open_vc_attn, 3 * 1560, 1560, 8, hk=2)
+    assert {"openvc", "openvc-full", "cudnn-bf16"} <= set(entries) and set(flops) == set(entries)
+    errors = modes.check_outputs(torch, entries)
+    for name in ("openvc", "openvc-full"):
+        assert isinstance(errors[name], float) and errors[name] < 0.08, (name, errors[name])

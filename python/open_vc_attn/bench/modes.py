@@ -25,7 +25,8 @@ Case `kvcache` (issue 26, item 7): one denoising step of chunk-by-chunk video ge
 a 3-frame chunk (4,680 tokens, H = 12) after 18 cached frames of 1,560 tokens (32,760 keys in all): ``openvc``
 is the step with open_vc_attn.kv_cache.FP8KVCache (the chunk's queries, keys and values prepared, the cached
 ones quantized once before timing), ``openvc-full`` the complete call preparing every key again, against FA3
-FP8 (pre-cast) and BF16 and cuDNN BF16 on the same shapes, each output checked against cuDNN BF16.
+FP8 (pre-cast) and BF16 and cuDNN BF16 on the same shapes, each output checked against cuDNN BF16; and the same
+step with 32 query / 8 K/V heads (a grouped cache, ``FP8KVCache(kv_heads=8)``; cuDNN on the repeated heads).
 
 Case `cross` (issue 28's text cross-attention: 32,760 and 75,600 queries against 512 keys, H = 40): the
 complete call, ``openvc-stepwise`` (prepare_fp8 of Q, K and V, then attention_fp8: the complete call without the
@@ -205,19 +206,23 @@ def _dense_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
     return entries, {e: flops for e in entries}
 
 
-def _kv_entries(torch, ova, cached, chunk, h, d=128):
+def _kv_entries(torch, ova, cached, chunk, h, d=128, hk=None):
     """The kvcache case: one step against an FP8 KV cache of `cached` tokens (appended in 1,560-token frames
-    before timing), the complete call on every key, and the peers on the same q [1, chunk] and keys."""
+    before timing), the complete call on every key, and the peers on the same q [1, chunk] and keys. hk: K/V heads
+    (GQA: the cache keeps hk; FA3 takes the grouped keys, cuDNN the repeated ones)."""
     from ..kv_cache import FP8KVCache
-    q, k_cur, v_cur = _qkv(torch, 1, chunk, h, d, 5)
-    _, k_old, v_old = _qkv(torch, 1, cached, h, d, 6)
-    cache = FP8KVCache(1, h, d, capacity=cached + chunk)
+    hk = h if hk is None else hk
+    q = _qkv(torch, 1, chunk, h, d, 5)[0]
+    _, k_cur, v_cur = _qkv(torch, 1, chunk, hk, d, 5)
+    _, k_old, v_old = _qkv(torch, 1, cached, hk, d, 6)
+    cache = FP8KVCache(1, h, d, capacity=cached + chunk, kv_heads=hk)
     for t in range(0, cached, 1560):
         cache.append(k_old[:, t:t + 1560], v_old[:, t:t + 1560])
     k_all, v_all = torch.cat([k_old, k_cur], 1), torch.cat([v_old, v_cur], 1)
+    kr, vr = (x.repeat_interleave(h // hk, dim=2) for x in (k_all, v_all))
     entries = {"openvc": lambda: cache.attention(q, k_cur, v_cur),
                "openvc-full": lambda: ova.attention(q, k_all, v_all),
-               "cudnn-bf16": _sdpa(torch, q, k_all, v_all)}
+               "cudnn-bf16": _sdpa(torch, q, kr, vr)}
     entries.update(_fa3_entries(torch, q, k_all, v_all, False))
     flops = harness.attention_flops(1, h, chunk, cached + chunk, d)
     return entries, {e: flops for e in entries}
@@ -330,8 +335,9 @@ def case_list(names):
             out += [("gqa-S32760-H32-Hk8", dict(kind="gqa", s=32760, h=32, hk=8)),
                     ("gqa-causal-S32768-H32-Hk8", dict(kind="gqa", s=32768, h=32, hk=8, causal=True)),
                     ("mqa-S16384-H24-Hk1", dict(kind="gqa", s=16384, h=24, hk=1))]
-        elif name == "kvcache":   # issue 26's KV-cache acceptance shape
-            out.append(("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)))
+        elif name == "kvcache":   # issue 26's KV-cache acceptance shape; the same step with 32 / 8 heads (GQA)
+            out += [("kv-step-18+3x1560-H12", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=12)),
+                    ("kv-step-18+3x1560-H32-Hk8", dict(kind="kv", cached=18 * 1560, chunk=3 * 1560, h=32, hk=8))]
         elif name == "sparse":   # issue 26's acceptance shape (Wan 14B 720p)
             out += sparse.case_list()
         else:
@@ -354,7 +360,7 @@ def _build_case(torch, ova, spec):
         return _dense_entries(torch, ova, spec.get("b", 1), spec["s"], spec["h"], spec.get("d", 128),
                               spec.get("causal", False))
     if kind == "kv":
-        return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"])
+        return _kv_entries(torch, ova, spec["cached"], spec["chunk"], spec["h"], hk=spec.get("hk"))
     if kind == "gqa":
         return _gqa_entries(torch, ova, spec["s"], spec["h"], spec["hk"], causal=spec.get("causal", False))
     if kind == "cross":
