@@ -248,7 +248,8 @@ struct AttentionParams {
   // 1 (the default) is plain causal. >= 1; != 1 needs causal. Last, as above.
   int causal_chunk = 1;
   // V descale per 128-key block (numerics section 4, "V descale per key block"): in.v_descale is
-  // [B, H, ceil(seqlen_k/128)] (packed: [num_seqs, H, ceil(max_seqlen_k/128)]) instead of [B, H], and each
+  // [B, Hk, ceil(seqlen_k/128)] (packed: [num_seqs, Hk, ceil(max_seqlen_k/128)]; Hk = in.kv_heads, or H) instead of
+  // [B, Hk], and each
   // key block's values are scaled by their own descale. For keys quantized in separate chunks (an FP8 KV
   // cache: each chunk prepared once with its own V scale, its descale repeated over its 128-key blocks,
   // chunks starting at multiples of 128 keys). ExpCast P, E4M3 or INT8 Q/K, head dim 128, with or without

@@ -15,7 +15,7 @@ re-quantized with the next call's keys, so nothing quantized is ever quantized a
     cache = FP8KVCache(batch=1, heads=12, head_dim=128, capacity=21 * 1560, device="cuda")
     for chunk in chunks:
         for step in steps:
-            q, k, v = ...                              # the chunk's tokens at this step, [B, n, H, D]
+            q, k, v = ...                              # the chunk's tokens at this step: q [B, n, H, D], k, v [B, n, Hk, D]
             out = cache.attention(q, k, v)             # cached keys, then this chunk's own (all visible)
         cache.append(k_clean, v_clean)                 # the finished chunk's keys and values, once
 

@@ -55,8 +55,8 @@
 #                     int8+smooth / int8+smooth+exp2, SA2, FA3, cuDNN), $OUT/modes-int8.json ($MODES_ROUNDS
 #                     rounds, default 7).
 #   modes-kvcache     python -m open_vc_attn.bench.modes --cases kvcache (issue 26's KV cache: one step of a 3-frame
-#                     chunk, 4,680 tokens, H = 12, after 18 cached frames of 1,560 tokens, against FA3 FP8 / BF16 and
-#                     cuDNN BF16), $OUT/modes-kvcache.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).
+#                     chunk, 4,680 tokens, H = 12 and 32 / 8 K/V heads, after 18 cached frames of 1,560 tokens, against
+#                     FA3 FP8 / BF16 and cuDNN BF16), $OUT/modes-kvcache.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).
 #   modes-cross       python -m open_vc_attn.bench.modes --cases cross (issue 28's text cross-attention: 32,760 and
 #                     75,600 queries against 512 keys, H = 40; the complete call and the kernel against FA3 BF16 / FP8
 #                     and cuDNN BF16), $OUT/modes-cross.json ($MODES_ROUNDS rounds; waits for the anchors' FA3).

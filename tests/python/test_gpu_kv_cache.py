@@ -158,8 +158,9 @@ def test_block_boundaries_reset_and_fp16(torch):
 def test_grouped_cache_equals_repeated_heads(torch, fmt):
     """A cache of 8 query / 2 K/V heads (GQA, as MAGI-1's) keeps K and V per K/V head (a quarter of the memory)
     and gives, bit for bit, the cache of 8 heads fed K and V with each head repeated: appends with remainders,
-    attention with the current chunk and without it (the remainder prepared with q), the LSE."""
-    b, h, hk, lens = 2, 8, 2, [300, 1000, 77]
+    attention with the current chunk (its remainder and chunk across a block boundary) and without it (the remainder
+    prepared with q), the LSE."""
+    b, h, hk, lens = 2, 8, 2, [300, 1000, 200]   # the last call's remainder (20) and chunk cross a block boundary
     pieces = chunks(torch, b, lens, hk, seed=60)
     grouped = FP8KVCache(b, h, 128, capacity=2048, qk_format=fmt, kv_heads=hk)
     repeated = FP8KVCache(b, h, 128, capacity=2048, qk_format=fmt)

@@ -212,14 +212,15 @@ def _kv_entries(torch, ova, cached, chunk, h, d=128, hk=None):
     (GQA: the cache keeps hk; FA3 takes the grouped keys, cuDNN the repeated ones)."""
     from ..kv_cache import FP8KVCache
     hk = h if hk is None else hk
-    q = _qkv(torch, 1, chunk, h, d, 5)[0]
-    _, k_cur, v_cur = _qkv(torch, 1, chunk, hk, d, 5)
+    q, k_cur, v_cur = _qkv(torch, 1, chunk, h, d, 5)
+    if hk != h:   # K/V of hk heads (the equal-head case keeps its inputs)
+        _, k_cur, v_cur = _qkv(torch, 1, chunk, hk, d, 5)
     _, k_old, v_old = _qkv(torch, 1, cached, hk, d, 6)
     cache = FP8KVCache(1, h, d, capacity=cached + chunk, kv_heads=hk)
     for t in range(0, cached, 1560):
         cache.append(k_old[:, t:t + 1560], v_old[:, t:t + 1560])
     k_all, v_all = torch.cat([k_old, k_cur], 1), torch.cat([v_old, v_cur], 1)
-    kr, vr = (x.repeat_interleave(h // hk, dim=2) for x in (k_all, v_all))
+    kr, vr = (k_all, v_all) if hk == h else (x.repeat_interleave(h // hk, dim=2) for x in (k_all, v_all))
     entries = {"openvc": lambda: cache.attention(q, k_cur, v_cur),
                "openvc-full": lambda: ova.attention(q, k_all, v_all),
                "cudnn-bf16": _sdpa(torch, q, kr, vr)}

@@ -66,7 +66,7 @@ def launch_prepare(q, k, v, outs, packed_fields, seqused_k=None, workspace=None,
     out_layout: optional PrepareParams KV-cache layout fields (k_codes_rows, k_descale_blocks, v_packed_columns,
     v_descale_per_block: K and V written into a KV cache's slots, batched and without k_smoothing; the caller
     sizes outs);
-    kv_prefix: optional (k0, v0) [B, r, H, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
+    kv_prefix: optional (k0, v0) [B, r, Hk, D], keys before k and v (PrepareParams.kv_prefix_len: batched,
     no k_smoothing), prepared with them as one sequence of r + Sk keys. k and v of fewer heads than q
     (GQA/MQA, checked by the caller): PrepareParams.kv_heads (outs, out_layout and kv_prefix of k's heads)."""
     ext = _ext.load()

@@ -10,8 +10,8 @@ struct KernelParams {
   int batch, heads, seqlen_q, seqlen_k;
   int num_q_tiles, num_k_blocks, num_tiles, mid_window_blocks;
   const float* q_descale;   // [B, H, num_q_tiles]; INT8 Q (kInt8QkMode): [B, H, seqlen_q], one per row
-  const float* k_descale;   // [B, H, num_k_blocks]
-  const float* v_descale;   // [B, H]; kVBlockDescaleMode: [B, H, num_k_blocks]
+  const float* k_descale;   // [B, Hk, num_k_blocks] (Hk = kv_heads: H, or fewer with GQA)
+  const float* v_descale;   // [B, Hk]; kVBlockDescaleMode: [B, Hk, num_k_blocks]
   __nv_bfloat16* out;       // [B, Sq, H, D] with strides
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;               // optional [B, H, Sq]

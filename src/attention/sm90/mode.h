@@ -46,7 +46,7 @@ enum Mode : int {
   // varlen, repair or VC); E4M3 or INT8 Q/K, head dim 128 or 64.
   kBlockListMode = 128,
   // V descale per 128-key block (AttentionParams::v_descale_per_block; numerics section 4, "V descale per
-  // key block"): v_descale is [sequences, H, nk] and each tile's PV product is scaled by its block's descale
+  // key block"): v_descale is [sequences, kv_heads, nk] and each tile's PV product is scaled by its block's descale
   // as it is added to the FP32 accumulator (a partial is flushed early where the descale changes), so K/V
   // chunks quantized separately
   // (an FP8 KV cache) attend as one key sequence. Built with varlen (batched calls run the varlen mode's

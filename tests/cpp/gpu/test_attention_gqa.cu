@@ -183,22 +183,25 @@ TEST(Sm90Gqa, OneCallEqualsRepeatedHeadsEveryForm) {
 }
 
 // prepare_fp8 with Q (Q's and K's blocks then take a launch each) and attention_fp8 on its arrays: the K/V arrays of
-// each K/V head equal those the repeated heads get, q . mean(K) of each query head too, and so does the output.
-// Step-wise (prepare_fp8 with Q, then attention_fp8) in four forms: E4M3; INT8 with K smoothing and q . mean(K);
-// and a KV cache's (E4M3 and INT8): K and V in two parts (kv_prefix_len keys from k_prefix / v_prefix) with V
-// descales per 128-key block, read back by attention_fp8's v_descale_per_block.
+// each K/V head equal those the repeated heads get, q . mean(K) of each query head too, and so does the output. Four
+// forms: E4M3; INT8 with K smoothing; a KV cache's (E4M3 and INT8): K and V in two parts (kv_prefix_len keys from
+// k_prefix / v_prefix) with V descales per 128-key block, read back by attention_fp8's v_descale_per_block; the E4M3
+// cache form's K/V arrays equal the plain E4M3 form's on the same keys (the two-part read checked on its own; the
+// cache's larger layouts, equal heads: test_prepare_out_layout.cu).
 TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
   SKIP_WITHOUT_SM90();
   struct Form {
     bool int8, cache;
     const char* name;
   };
+  std::vector<uint8_t> plain_kc, plain_vp;   // the plain E4M3 form's grouped K/V arrays
+  std::vector<float> plain_ks, plain_vs;
   for (const Form f : {Form{false, false, "e4m3"}, Form{true, false, "int8 + smoothing"},
                        Form{false, true, "e4m3, KV-cache fields"}, Form{true, true, "int8, KV-cache fields"}}) {
     const bool int8 = f.int8, smooth = f.int8 && !f.cache;
     Case c;
     c.h = 6, c.hk = 3;
-    Buffers bf(c, 51 + 2 * int8 + f.cache);
+    Buffers bf(c, 51 + int8);   // the same inputs with and without the cache's fields
     const int64_t gh = int64_t(c.b) * c.h;
     const int64_t nq = openvc::num_quant_blocks(c.sq), nk = openvc::num_quant_blocks(c.sk);
     const int64_t sk_pad = openvc::packed_seqlen_k(c.sk), kg = int8 ? 8 : 1, vd = f.cache ? nk : 1;
@@ -267,6 +270,15 @@ TEST(Sm90Gqa, StepwiseWithQMatchesRepeatedHeads) {
     const auto ks_g = download<float>(pg.ks.p, pg.ks.bytes / 4), ks_r = download<float>(pr.ks.p, pr.ks.bytes / 4);
     const auto vp_g = download<uint8_t>(pg.vp.p, pg.vp.bytes), vp_r = download<uint8_t>(pr.vp.p, pr.vp.bytes);
     const auto vs_g = download<float>(pg.vs.p, pg.vs.bytes / 4), vs_r = download<float>(pr.vs.p, pr.vs.bytes / 4);
+    if (!int8 && !f.cache) plain_kc = kc_g, plain_ks = ks_g, plain_vp = vp_g, plain_vs = vs_g;
+    if (!int8 && f.cache) {   // two parts and the cache's kernels: the plain preparation's bytes
+      EXPECT_EQ(kc_g, plain_kc) << f.name << ": K codes against the plain form's";
+      EXPECT_EQ(ks_g, plain_ks) << f.name << ": K descales against the plain form's";
+      EXPECT_EQ(vp_g, plain_vp) << f.name << ": V codes against the plain form's";
+      for (int64_t bj = 0; bj < int64_t(c.b) * c.hk; ++bj)
+        for (int64_t i = 0; i < vd; ++i)
+          EXPECT_EQ(vs_g[bj * vd + i], plain_vs[bj]) << f.name << ": V descale of K/V head row " << bj << " block " << i;
+    }
     const int g = c.group();
     for (int b = 0; b < c.b; ++b)
       for (int j = 0; j < c.hk; ++j) {
