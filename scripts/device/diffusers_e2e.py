@@ -328,54 +328,6 @@ def calls_by_path(stats):
     return sorted(rows, key=lambda x: (x["path"] != "openvc", -x["calls"], x["reason"]))
 
 
-@contextlib.contextmanager
-def fast_path_stand_in(torch, ovd, ovp):
-    """--dry-run / --shapes-only: the policy's device check passes CPU and meta tensors, and openvc's kernel
-    is replaced by torch SDPA in FP32 with the same key mask or key counts (meta: an empty output), so that the
-    calls take the path they take on the GPU and the openvc branch of the integration (mask and scale passing)
-    runs."""
-    saved = ovp._device_reason, ovd._fast_attention
-
-    def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
-                 p_format="expcast", seqused_k=None):
-        # (the stand-in computes FP32 SDPA whatever the policy's Q/K and P formats)
-        if q.device.type == "meta":
-            out = torch.empty_like(q)
-        else:
-            if seqused_k is not None:     # the first seqused_k[b] keys of entry b
-                attn_mask = torch.arange(k.shape[1], device=k.device)[None, :] < seqused_k[:, None].long()
-            mask = None if attn_mask is None else attn_mask.reshape(q.shape[0], 1, 1, k.shape[1])
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), attn_mask=mask,
-                scale=scale, is_causal=causal, enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2).to(torch.bfloat16)
-        lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-        return (out, lse) if return_lse else out
-
-    ovp._device_reason, ovd._fast_attention = (lambda device: None), stand_in
-    try:
-        yield
-    finally:
-        ovp._device_reason, ovd._fast_attention = saved
-
-
-@contextlib.contextmanager
-def meta_shims(torch):
-    """--shapes-only: torch.autocast rejects the meta device (Mochi's RoPE opens one): a no-op there; and
-    torch.nonzero on meta (diffusers' Mochi processor gathers the valid text tokens with it) assumes every
-    element nonzero: shapes only."""
-    from torch.fx.experimental import _config as fx_config
-    saved = torch.autocast, fx_config.meta_nonzero_assume_all_nonzero
-
-    def autocast(device_type, *args, **kwargs):
-        return contextlib.nullcontext() if device_type == "meta" else saved[0](device_type, *args, **kwargs)
-
-    torch.autocast, fx_config.meta_nonzero_assume_all_nonzero = autocast, True
-    try:
-        yield
-    finally:
-        torch.autocast, fx_config.meta_nonzero_assume_all_nonzero = saved
-
-
 def describe(name, spec, cfg, counts, video_tokens, text_tokens, tiny, model):
     return {"model": name, "class": spec["class"],
             "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
@@ -580,11 +532,12 @@ def main(argv=None):
                                             "p_format": used_policy.p_format}}
     print("diffusers_e2e:", json.dumps(header), flush=True)
     records, failed = [], False
+    standins = helper("_e2e_standins")   # --dry-run / --shapes-only
     t0 = time.perf_counter()
     for name in args.models:
         try:
-            with fast_path_stand_in(torch, ovd, ovp) if device != "cuda" else contextlib.nullcontext(), \
-                    meta_shims(torch) if device == "meta" else contextlib.nullcontext():
+            with standins.fast_path_stand_in(torch, ovd, ovp) if device != "cuda" else contextlib.nullcontext(), \
+                    standins.meta_shims(torch) if device == "meta" else contextlib.nullcontext():
                 records.append(run_model(torch, ovd, name, args, device, torch.bfloat16, policy))
         except Exception as exc:   # noqa: BLE001 - one model's failure is reported, the next still runs
             failed = True
