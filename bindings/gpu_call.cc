@@ -20,6 +20,7 @@ void register_gpu_call(nb::module_& m) {
   OPENVC_FIELD(call, AttentionCall, dtype);
   OPENVC_FIELD(call, AttentionCall, heads);
   OPENVC_FIELD(call, AttentionCall, kv_heads);
+  OPENVC_FIELD(call, AttentionCall, v_bias_correction);
   OPENVC_FIELD(call, AttentionCall, head_dim);
   OPENVC_FIELD(call, AttentionCall, batch);
   OPENVC_FIELD(call, AttentionCall, seqlen_q);

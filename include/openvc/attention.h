@@ -60,6 +60,13 @@ struct Fp8Inputs {
   // result is attention on K and V with each head repeated heads / kv_heads times, bit for bit. Not with repair
   // rows or the VC mode (Status::Unsupported naming in.kv_heads). Last, so that positional initializers stay valid.
   int kv_heads = 0;
+  // V rounding bias correction (numerics section 4, "V rounding bias"; optional): PrepareParams::v_residual_sums as
+  // prepare_fp8 wrote them ([B, Hk, D] int64, 8-byte aligned). Every output row that sees a key then adds, per channel c,
+  // v_descale * v_residual_sums[c] * 2^-16 / keys (keys: its sequence's key count), the mean rounding error of V
+  // over the keys: exact for attention spread evenly over them, and it removes the part of V's rounding error that
+  // such attention averages to a bias. Not with repair rows, the VC mode or V block descales (Status::Unsupported
+  // naming in.v_residual_sums). Null: none. Last, as above.
+  const int64_t* v_residual_sums = nullptr;
 };
 // The K/V head count of a call: kv_heads, or heads where kv_heads is 0.
 inline int kv_heads_or(int heads, int kv_heads) { return kv_heads > 0 ? kv_heads : heads; }
@@ -156,6 +163,12 @@ struct PrepareParams {
   // KV-cache fields above, their layouts hold kv_heads heads where they say H (k_prefix and v_prefix too). Last,
   // as above.
   int kv_heads = 0;
+  // V rounding bias (numerics section 4, "V rounding bias"; optional output, 8-byte aligned): [B, Hk, D] (packed:
+  // [num_seqs, Hk, D]) int64, per (sequence, K/V head, channel) the sum over the sequence's valid keys of
+  // rne(2^16 * (x - decode(code))), x = fl(v * scale_inv) the scaled value and code its E4M3 code (a NaN residual
+  // counts 0). Exact integer sums (the same on every run). Fp8Inputs::v_residual_sums takes it. Not with the KV-cache
+  // fields (Status::Unsupported naming v_residual_sums). Null: not written. Last, as above.
+  int64_t* v_residual_sums = nullptr;
 };
 // Workspace of prepare_fp8 (a multiple of 16 bytes): groups = batch, or num_seqs for packed sequences;
 // max_seqlen_k = seqlen_k (batched) or max_seqlen_k (packed), used only with k_smoothing (its per-block

@@ -52,7 +52,14 @@ struct HeadQuantized {
   std::vector<uint8_t> codes;     // [total_tokens, H, D]
   std::vector<float> descale;     // [nseq, H] = amax / 448
   std::vector<float> scale_inv;   // [nseq, H] = 448 / amax, 0 for an all-zero group
+  // [nseq, H, D] the rounding residuals' fixed-point sums (numerics section 4, "V rounding bias"): per channel c,
+  // sum over the sequence's tokens j of v_residual_fixed(x_jc, code_jc), x_jc = fl(v_jc * scale_inv).
+  std::vector<int64_t> residual_sums;
 };
+// One V element's rounding residual in units of 2^-16 (scaled domain): rne(2^16 * (x - decode(code))), the
+// residual exact in FP32; 0 where it is not finite or |residual| > 16 (NaN input). |result| <= 2^20.
+int64_t v_residual_fixed(float x, uint8_t code);
+inline constexpr double kVResidualUnit = 1.0 / 65536.0;   // 2^-16: the fixed point of residual_sums
 Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* out);
 Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out);
 
@@ -201,6 +208,10 @@ struct AttentionOptions {
   // -inf), combined at the end. Batched calls (every sequence the same lengths), not causal, without key block lists,
   // repair rows or V block descales; query_tile 128. 0: no split. Last, as above.
   int split_ctas = 0;
+  // V rounding bias correction (numerics section 4, "V rounding bias"): every output row that sees a key adds
+  // b_c = descale_V * residual_sums[c] * 2^-16 / keys (keys: its sequence's key count) to channel c. Not with
+  // repair rows or V block descales. Last, as above.
+  bool v_bias_correction = false;
 };
 // Order positions at which split_ctas CTA ranges cut tile `tile` of `n` key blocks (ascending, each in (0, n);
 // numerics section 5, "Split tiles"): the first head = tiles - (ctas + tiles mod ctas) tiles (0 when tiles < 2

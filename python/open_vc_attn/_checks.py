@@ -49,6 +49,10 @@ def k_smoothing(x, name="k_smoothing") -> bool:
     return bool_arg(x, name)
 
 
+def v_bias_correction(x, name="v_bias_correction") -> bool:
+    return bool_arg(x, name)
+
+
 def lse_with_smoothing(return_lse, smoothing, name="k_smoothing"):
     """K smoothing subtracts K's channel mean m, so the kernel's row LSE is the exact one minus
     softmax_scale * q_i . m (the output is unchanged: softmax ignores a per-row shift). attention() adds that

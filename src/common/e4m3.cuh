@@ -28,4 +28,16 @@ __device__ __forceinline__ uint8_t e4m3_encode(float x) {
   return static_cast<uint8_t>(e4m3_encode4(x, 0.0f, 0.0f, 0.0f) & 0xFFu);
 }
 
+// Two E4M3 codes (the low byte first) -> their values, exactly (every E4M3 value is an FP16 value; NaN codes give
+// NaN): one cvt.rn.f16x2.e4m3x2 and two FP16 -> FP32 conversions.
+__device__ __forceinline__ float2 e4m3_decode2(uint16_t codes) {
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  float lo, hi;
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+      : "=f"(lo), "=f"(hi)
+      : "r"(h2));
+  return make_float2(lo, hi);
+}
+
 }  // namespace openvc::detail

@@ -125,6 +125,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
   allow_dependent_launch();   // v_amax_kernel may start (it waits for this grid before its atomics)
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D)
+    args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
   zero_words(args);
   const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
   float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
@@ -262,6 +264,8 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = blk * kBlockTokens;
   allow_dependent_launch();   // as in quantize_qk_kernel
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D)
+    args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
   zero_words(args);
   const SeqSpan span = seq_span(s.in, c.b);
   const int t = threadIdx.x / kC;
@@ -396,13 +400,18 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 // (D = 64: 2-way on the reads, its rows being only 16 words wide).
 // kCache: V read in two parts and, with CacheArgs::v_descale_blocks, one V descale per block (the head's, at
 // each of the call's blocks: a KV cache's per-block layout); sk_pad is then the cache's slots per row.
-template <typename T, int D, bool kCache = false>
+// kResidual (VArgs::v_residual_sums, never with kCache): the block's V rounding residual sums per channel (numerics
+// section 4, "V rounding bias") are added to the (batch, head)'s int64 sums; exact integer sums, so the order of
+// the CTAs' atomics does not change the result.
+template <typename T, int D, bool kCache = false, bool kResidual = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
     v_pack_kernel(const __grid_constant__ VArgs args) {
+  static_assert(!(kCache && kResidual), "a KV cache's preparation writes no V residual sums");
   using TL = Tile<D>;
   constexpr int kC = TL::kChunksPerToken;
   constexpr int kWords = D / 4;  // 32-bit words per tile row
   __shared__ alignas(16) uint32_t tile[kBlockTokens * kWords];
+  __shared__ int warp_residuals[kResidual ? TL::kWarps : 1][kResidual ? D : 1];
   allow_dependent_launch();   // the attention kernel may start (it waits for this grid first)
   const CtaCoord c = cta_coord(args.heads, args.nblocks);
   const int token0 = c.blk * kBlockTokens;
@@ -441,17 +450,44 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   }
   const float scale_inv = scale_inv_of(amax);
 
-  // Phase 1: codes into the swizzled tile. Padding tokens (loaded as 0) become code 0.
+  // Phase 1: codes into the swizzled tile. Padding tokens (loaded as 0) become code 0 (and residual 0).
   {
     const int t = threadIdx.x / kC;
     const int sub = threadIdx.x % kC;
+    uint32_t acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0u;
 #pragma unroll
     for (int p = 0; p < TL::kPasses; ++p) {
       const int r = t + p * TL::kTokenStep;
-      reinterpret_cast<uint4*>(tile)[r * kC + (sub ^ ((r >> 4) & (kC - 1)))] = encode_chunk<T>(v[p], scale_inv);
+      const uint4 codes = encode_chunk<T>(v[p], scale_inv);
+      reinterpret_cast<uint4*>(tile)[r * kC + (sub ^ ((r >> 4) & (kC - 1)))] = codes;
+      if constexpr (kResidual) add_residuals<T>(v[p], scale_inv, codes, acc);
+    }
+    if constexpr (kResidual) {
+      // The lanes of a warp that share `sub` hold the same 16 channels: sum them, then one lane per sub writes.
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        acc[i] -= TL::kPasses * kResidualMagicBits;
+#pragma unroll
+        for (int o = kC; o < 32; o <<= 1) acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], o);
+      }
+      if ((threadIdx.x & 31) < kC) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) warp_residuals[threadIdx.x >> 5][16 * sub + i] = static_cast<int>(acc[i]);
+      }
     }
   }
   __syncthreads();
+  if constexpr (kResidual) {
+    // |sum| <= 128 keys * 2^20 fits int32; the sequence's total over its blocks is int64.
+    if (threadIdx.x < D) {
+      int sum = 0;
+#pragma unroll
+      for (int w8 = 0; w8 < TL::kWarps; ++w8) sum += warp_residuals[w8][threadIdx.x];
+      atomicAdd(args.v_residual_sums + bh * D + threadIdx.x, static_cast<unsigned long long>(static_cast<long long>(sum)));
+    }
+  }
 
   // Phase 2: thread (g, w) owns dims 4w..4w+3 of the keys of 16-key group g. It gathers the 16 words
   // (4 dims each) of its keys in packed order, transposes them 4x4 bytes at a time, and writes 16

@@ -191,7 +191,11 @@ Status validate(const PrepareParams& p) {
     return Status::Invalid("prepare_fp8: params.q_dot_k_mean is written with k_smoothing only (the LSE term of the "
                            "removed K mean); it must be null without it");
   OPENVC_RETURN_IF_ERROR(check_output("q_dot_k_mean", p.q_dot_k_mean, alignof(float), /*optional=*/true));
+  OPENVC_RETURN_IF_ERROR(check_output("v_residual_sums", p.v_residual_sums, alignof(int64_t), /*optional=*/true));
   OPENVC_RETURN_IF_ERROR(validate_cache_fields(p, d));
+  if (p.v_residual_sums != nullptr && uses_cache_fields(p))
+    return Status::Unsupported("prepare_fp8: params.v_residual_sums is not written by a KV cache's preparation (its "
+                               "chunks have V scales of their own); it must be null with the KV-cache fields");
   const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
@@ -235,6 +239,10 @@ cudaError_t launch_v(const prepare::VArgs& va, unsigned ctas, cudaStream_t strea
   const cudaError_t e =
       launch_programmatic(prepare::v_amax_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
   if (e != cudaSuccess) return e;
+  if constexpr (!kCache) {
+    if (va.v_residual_sums != nullptr)
+      return launch_programmatic(prepare::v_pack_kernel<T, D, false, true>, dim3(ctas), dim3(kThreads), 0, stream, va);
+  }
   return launch_programmatic(prepare::v_pack_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
 }
 
@@ -282,6 +290,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   qk.k_mean = k_mean;
   qk.q_dot_k_mean = p.q_dot_k_mean;
   qk.zero_words = extras.zero_words;
+  qk.v_residual_sums = reinterpret_cast<unsigned long long*>(p.v_residual_sums);
   qk.zero_count = extras.zero_words != nullptr ? extras.zero_count : 0;
   const bool cache = uses_cache_fields(p);
   if (cache) qk.cache = cache_args(p, d.sk, qk.side[1].nblocks);
@@ -309,6 +318,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
     prepare::QkArgs q_only = qk, k_only = qk;
     q_only.side[1].nblocks = 0;
     q_only.kv_group = p.heads / kv_heads;
+    q_only.v_residual_sums = nullptr;   // [G, kv_heads, D]: K's grid zeroes them
     k_only.side[0].nblocks = 0;
     k_only.heads = kv_heads;
     launch_qk_grid(q_only);
@@ -324,6 +334,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;
   va.v_descale = p.v_descale;
+  va.v_residual_sums = reinterpret_cast<unsigned long long*>(p.v_residual_sums);
   va.sk_pad = cache && p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
   if (cache) va.cache = qk.cache;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);

@@ -111,6 +111,9 @@ struct QkArgs {
   // Grouped-query attention (PrepareParams::kv_heads): query heads per K/V head. The Q blocks' q_dot_k_mean reads
   // the means of K/V head h / kv_group (heads / kv_group of them per sequence). 1 without it.
   int kv_group = 1;
+  // V rounding residual sums ([B, heads, D] int64, VArgs::v_residual_sums) that the first block of each (batch,
+  // head) zeroes before v_pack_kernel adds to them; null: none (and in a launch over the query heads alone).
+  unsigned long long* v_residual_sums = nullptr;
 };
 
 struct VArgs {
@@ -121,6 +124,9 @@ struct VArgs {
   float* v_descale;   // [B, H] (a cache: see CacheArgs::v_descale_blocks)
   int64_t sk_pad;
   CacheArgs cache;    // read by the kCache kernels only
+  // Optional [B, H, D] int64 (two's complement in unsigned words): per channel, the sum over the sequence's keys of
+  // rne(2^16 * (x - decode(code))) (numerics section 4, "V rounding bias"); zeroed by the Q/K grid. Null: none.
+  unsigned long long* v_residual_sums = nullptr;
 };
 
 template <int D>
@@ -263,6 +269,27 @@ __device__ __forceinline__ uint4 encode_chunk(const uint4 (&v)[2], float s) {
                                 __fmul_rn(hi.y, s));
   }
   return make_uint4(c[0], c[1], c[2], c[3]);
+}
+
+// V rounding residuals of one 16-element chunk (numerics section 4, "V rounding bias"), added to acc[i] as the bits
+// of fmaf(r, 2^16, 1.5 * 2^23): for |r| <= 16 the float's low bits hold rne(2^16 r) + 0x400000 exactly, so a sum of
+// n such words minus n * 0x4B400000 (mod 2^32) is the sum of the fixed-point residuals. r = x - decode(code) is
+// exact; a NaN residual (a NaN or Inf input) counts 0, as in reference::v_residual_fixed.
+inline constexpr uint32_t kResidualMagicBits = 0x4B400000u;   // 1.5 * 2^23
+template <typename T>
+__device__ __forceinline__ void add_residuals(const uint4 (&v)[2], float s, uint4 codes, uint32_t (&acc)[16]) {
+  const uint32_t w[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
+  const uint32_t c[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 x = unpack2<T>(w[i]);
+    const float2 q = detail::e4m3_decode2(static_cast<uint16_t>(c[i / 2] >> (16 * (i % 2))));
+    float r0 = __fsub_rn(__fmul_rn(x.x, s), q.x), r1 = __fsub_rn(__fmul_rn(x.y, s), q.y);
+    r0 = fabsf(r0) <= 16.0f ? r0 : 0.0f;
+    r1 = fabsf(r1) <= 16.0f ? r1 : 0.0f;
+    acc[2 * i] += __float_as_uint(__fmaf_rn(r0, 65536.0f, 12582912.0f));
+    acc[2 * i + 1] += __float_as_uint(__fmaf_rn(r1, 65536.0f, 12582912.0f));
+  }
 }
 
 // Flat CTA index -> (head, block, batch), head fastest.

@@ -184,6 +184,10 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   // V block descales (opt.v_block_descale): applied to each key's decoded values, the head descale then 1.
   const float* dvb = opt.v_block_descale ? opt.v_block_descale + g * in.k_seqs.max_blocks() : nullptr;
   const double dv = dvb ? 1.0 : in.v.descale[g];
+  // V rounding bias (numerics section 4): the mean rounding residual of the sequence's keys, per channel.
+  std::vector<double> v_bias(D, 0.0);
+  if (opt.v_bias_correction && sk > 0)
+    for (int c = 0; c < D; ++c) v_bias[c] = dv * static_cast<double>(in.v.residual_sums[g * D + c]) * kVResidualUnit / sk;
   const int max_q = in.q_seqs.max_length();
   float* lse = res->lse.data() + g * max_q;
 
@@ -346,7 +350,7 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
         lse[i] = kNegInf;
         continue;
       }
-      for (int c = 0; c < D; ++c) o[c] = static_cast<float>(dv * st.A[c] / st.l);
+      for (int c = 0; c < D; ++c) o[c] = static_cast<float>(dv * st.A[c] / st.l + v_bias[c]);
       // m is in code units (8 * log2 of the numerator); l is scaled by 2^8 (code 120 = 256).
       lse[i] = static_cast<float>(std::log(2.0) * (static_cast<double>(st.m) / 8.0) + std::log(st.l / 256.0));
     }
@@ -397,6 +401,12 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
   const float tau = internal::resolve_softmax_scale(opt.softmax_scale, D);
   if (opt.v_block_descale != nullptr && in.repair != nullptr)
     return Status::Unsupported("opt.v_block_descale: V block descales do not combine with repair rows");
+  if (opt.v_bias_correction) {
+    if (in.repair != nullptr || opt.v_block_descale != nullptr)
+      return Status::Unsupported("opt.v_bias_correction: not with repair rows or V block descales");
+    if (in.v.residual_sums.size() != static_cast<size_t>(nseq) * H * D)
+      return Status::Invalid("opt.v_bias_correction: in.v.residual_sums must hold nseq * H * D sums (quantize_heads)");
+  }
   if (opt.key_blocks != nullptr) {
     const KeyBlockLists& kb = *opt.key_blocks;
     const int64_t q_tiles = (in.q_seqs.max_length() + kQuantBlock - 1) / kQuantBlock;

@@ -60,17 +60,29 @@ Status quantize_blocks(const float* x, const Sequences& seqs, BlockQuantized* ou
   return Status::Ok();
 }
 
+int64_t v_residual_fixed(float x, uint8_t code) {
+  const float r = x - e4m3_decode(code);   // exact: the code is x's E4M3 rounding (or 448 for x just past it)
+  if (!(std::fabs(r) <= 16.0f)) return 0;  // NaN (a NaN or Inf input); finite x never gets here
+  return static_cast<int64_t>(std::nearbyint(static_cast<double>(r) * 65536.0));   // ties to even
+}
+
 Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out) {
   OPENVC_RETURN_IF_ERROR(internal::check_quantize_args(x, seqs, out));
-  const int H = seqs.num_heads, nseq = seqs.count();
-  out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * seqs.head_dim, 0);
+  const int H = seqs.num_heads, D = seqs.head_dim, nseq = seqs.count();
+  out->codes.assign(static_cast<size_t>(seqs.total_tokens()) * H * D, 0);
   out->descale.assign(static_cast<size_t>(nseq) * H, 0.0f);
   out->scale_inv.assign(static_cast<size_t>(nseq) * H, 0.0f);
+  out->residual_sums.assign(static_cast<size_t>(nseq) * H * D, 0);
   for (int s = 0; s < nseq; ++s) {
     for (int h = 0; h < H; ++h) {
       const size_t g = static_cast<size_t>(s) * H + h;
       out->descale[g] = quantize_group(x, seqs, h, seqs.cu_seqlens[s], seqs.cu_seqlens[s + 1], out->codes.data(),
                                        &out->scale_inv[g]);
+      int64_t* sums = &out->residual_sums[g * D];
+      for (int64_t t = seqs.cu_seqlens[s]; t < seqs.cu_seqlens[s + 1]; ++t) {
+        const int64_t base = (t * H + h) * D;
+        for (int c = 0; c < D; ++c) sums[c] += v_residual_fixed(x[base + c] * out->scale_inv[g], out->codes[base + c]);
+      }
     }
   }
   return Status::Ok();

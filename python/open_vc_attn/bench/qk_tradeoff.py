@@ -2,7 +2,9 @@
 
 Methods: openvc with Q/K in E4M3, E4M3 + K smoothing, INT8, INT8 + K smoothing (``attention(q, k, v,
 qk_format=..., k_smoothing=...)``, the complete call: preparation + attention), and INT8 + K smoothing with
-P = the E4M3 rounding of the exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``); SageAttention2
+P = the E4M3 rounding of the exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``), and the E4M3,
+INT8 + smoothing and exp2 methods with the V rounding bias correction (``v_bias_correction=True``, ``...+vbias``);
+SageAttention2
 (``sageattn(q, k, v, tensor_layout="NHD")``, INT8 Q/K per thread with K smoothing, FP8 PV); FlashAttention-3
 FP8 with per-(batch, head) descales (quantization included in the complete call; the kernel alone is timed
 too); cuDNN BF16 through torch SDPA. A method whose package is not importable (or an openvc build without
@@ -47,6 +49,13 @@ METHODS = {
     "openvc-int8+smooth": ("openvc INT8 Q/K + K smoothing", "openvc", {"qk_format": "int8", "k_smoothing": True}),
     "openvc-int8+smooth+exp2": ("openvc INT8 Q/K + K smoothing, exp2 P", "openvc",
                                 {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}),
+    "openvc-e4m3+vbias": ("openvc E4M3 Q/K, V bias correction", "openvc",
+                          {"qk_format": "e4m3", "v_bias_correction": True}),
+    "openvc-int8+smooth+vbias": ("openvc INT8 Q/K + K smoothing, V bias correction", "openvc",
+                                 {"qk_format": "int8", "k_smoothing": True, "v_bias_correction": True}),
+    "openvc-int8+smooth+exp2+vbias": ("openvc INT8 Q/K + K smoothing, exp2 P, V bias correction", "openvc",
+                                      {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2",
+                                       "v_bias_correction": True}),
     "sage2": ("SageAttention2 (INT8 QK + smooth K, FP8 PV)", "sage2", {}),
     "fa3-fp8": ("FA3 FP8, per-head descales", "fa3-fp8", {}),
     "cudnn-bf16": ("cuDNN BF16 (torch SDPA)", "cudnn-bf16", {}),
@@ -102,6 +111,8 @@ def method_status(name, ova=None) -> tuple:
             why = p_format_support(ova) if "p_format" in kw else None
             if why is not None:
                 raise bk.Missing(why)
+            if kw.get("v_bias_correction") and "v_bias_correction" not in ova.attention.__code__.co_varnames:
+                raise bk.Missing("this open_vc_attn has no v_bias_correction")
         elif family == "sage2":
             bk.sage2_function()
         elif family == "fa3-fp8":

@@ -3,7 +3,8 @@
 ``open_vc_attn::attention(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k,
 int max_seqlen_q, int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks,
 bool return_lse, ScalarType? out_dtype=None, str qk_format="e4m3", bool k_smoothing=False,
-str p_format="expcast", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1) -> (out, lse)``:
+str p_format="expcast", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1,
+bool v_bias_correction=False) -> (out, lse)``:
 BF16/FP16 CUDA q, k, v, batched ``[B, S, H, D]`` (offsets None) or
 packed ``[total, H, D]`` with int32 offsets; out ``[B, Sq, H, D]`` / ``[total_q, H, D]`` (BF16, or out_dtype;
 packed rows no sequence covers are 0), lse float32 ``[B, H, Sq]`` / ``[H, total_q]`` (-inf there), or an
@@ -14,6 +15,8 @@ block lists (block-sparse attention, batched calls on the fast path; open_vc_att
 layout, contiguous; docs/block_sparse.md). causal_chunk: chunked causal (with causal; numerics section 5).
 k and v may hold Hk heads, a divisor of q's H (GQA/MQA: ``[B, Sk, Hk, D]`` / ``[total_k, Hk, D]``,
 AttentionCall::kv_heads), on the fast path only: a call the general path would take raises ValueError naming k.
+v_bias_correction: V's mean rounding error added back per channel (numerics section 4, "V rounding bias"), on the
+fast path only (ValueError naming v_bias_correction where the general path would take the call).
 
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
@@ -31,12 +34,12 @@ from .fp8 import sequence_outputs
 _SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
            "int max_seqlen_k, Tensor? seqused_k, float softmax_scale, bool causal, int mid_window_blocks, "
            "bool return_lse, ScalarType? out_dtype=None, str qk_format=\"e4m3\", bool k_smoothing=False, "
-           "str p_format=\"expcast\", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1) "
-           "-> (Tensor, Tensor)")
+           "str p_format=\"expcast\", Tensor? kv_num_blocks=None, Tensor? kv_indices=None, int causal_chunk=1, "
+           "bool v_bias_correction=False) -> (Tensor, Tensor)")
 
 
 def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing, p_format, blocks=(None, None),
-           causal=False, causal_chunk=1):
+           causal=False, causal_chunk=1, v_bias_correction=False):
     """The op's argument rules (api.attention leaves them to the op; C++ checks its struct on its own):
     whether the call is packed. blocks: (kv_num_blocks, kv_indices) or (None, None)."""
     fmt, _ = _checks.qk_format(qk_format), _checks.k_smoothing(k_smoothing)
@@ -52,6 +55,9 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
         reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
     _checks.require_fast_path(fmt, reason)
     _gqa.require_fast_path(int(q.shape[-2]), int(k.shape[-2]), reason)   # C++ would answer Unsupported
+    if _checks.v_bias_correction(v_bias_correction) and reason is not None:
+        raise ValueError("v_bias_correction: the V rounding bias correction runs on the sm_90a fast path only, which "
+                         f"does not take this call ({reason})")
     if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
         _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")
@@ -73,7 +79,7 @@ def _sizes(q, packed):
 
 
 def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, out, lse,
-                 qk_format, k_smoothing, p_format, blocks=(None, None), causal_chunk=1):
+                 qk_format, k_smoothing, p_format, blocks=(None, None), causal_chunk=1, v_bias_correction=False):
     """openvc::AttentionCall of checked arguments (lse None: no LSE output; kv_heads where k has fewer heads)."""
     ext = _ext.load()
     packed = cu_q is not None
@@ -83,7 +89,7 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
                    mid_window_blocks=int(mid_window_blocks),
                    qk_format=dev.qk_format(qk_format), k_smoothing=bool(k_smoothing),
                    p_format=getattr(ext.PFormat, p_format), out=out.data_ptr(), out_dtype=dev.dtype_of(out),
-                   lse=0 if lse is None else lse.data_ptr())
+                   lse=0 if lse is None else lse.data_ptr(), v_bias_correction=bool(v_bias_correction))
     if packed:
         c.cu_seqlens_q, c.cu_seqlens_k, c.num_seqs = cu_q.data_ptr(), cu_k.data_ptr(), int(cu_q.shape[0]) - 1
         c.max_seqlen_q, c.max_seqlen_k, c.total_q, c.total_k = int(max_q), int(max_k), int(q.shape[0]), int(k.shape[0])
@@ -105,15 +111,17 @@ def _call_struct(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, ca
 
 def attention_cuda(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                    mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                   p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1):
+                   p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1, v_bias_correction=False):
     """The CUDA implementation of the op (registered as it is): (out, lse)."""
     varlen, blocks = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), (kv_num_blocks, kv_indices)
-    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format, blocks, causal, causal_chunk)
+    packed = _check(q, k, v, *varlen, seqused_k, qk_format, k_smoothing, p_format, blocks, causal, causal_chunk,
+                    v_bias_correction)
     dev.launch_checks(q.device, (("q", q), ("k", k), ("v", v)))
     out, lse = sequence_outputs(packed, _sizes(q, packed), return_lse, dev.empty(q.device), dev.full(q.device),
                                 out_dtype)
     c = _call_struct(q, k, v, *varlen, seqused_k, softmax_scale, causal, mid_window_blocks, out,
-                     lse if return_lse else None, qk_format, k_smoothing, p_format, blocks, causal_chunk)
+                     lse if return_lse else None, qk_format, k_smoothing, p_format, blocks, causal_chunk,
+                     v_bias_correction)
     ext = _ext.load()
     ws = dev.workspace(ext.attention_workspace_bytes(c), q.device)   # torch's blocks are 512-byte aligned
     dev.enqueue(lambda call, stream: ext.attention(call, ws.data_ptr(), ws.numel(), stream), c, q.device)
@@ -128,16 +136,16 @@ _OP = torch.ops.open_vc_attn.attention.default
 @_attention.register_fake
 def _attention_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                     causal, mid_window_blocks, return_lse, out_dtype=None, qk_format="e4m3", k_smoothing=False,
-                    p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1):
+                    p_format="expcast", kv_num_blocks=None, kv_indices=None, causal_chunk=1, v_bias_correction=False):
     packed = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, qk_format,
-                    k_smoothing, p_format, (kv_num_blocks, kv_indices), causal, causal_chunk)
+                    k_smoothing, p_format, (kv_num_blocks, kv_indices), causal, causal_chunk, v_bias_correction)
     return sequence_outputs(packed, _sizes(q, packed), return_lse, dev.like(q), dev.like_full(q), out_dtype)
 
 
 def attention(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse,
               out_dtype=None, qk_format="e4m3", k_smoothing=False, p_format="expcast", kv_num_blocks=None,
-              kv_indices=None, causal_chunk=1):
+              kv_indices=None, causal_chunk=1, v_bias_correction=False):
     """``open_vc_attn::attention``: the op's implementation directly when eager (one hop less), else the op."""
     return run(_OP, attention_cuda, (q, k, v, cu_q, cu_k, seqused_k, kv_num_blocks, kv_indices), q, k, v, cu_q, cu_k,
                max_q, max_k, seqused_k, softmax_scale, causal, mid_window_blocks, return_lse, out_dtype, qk_format,
-               k_smoothing, p_format, kv_num_blocks, kv_indices, causal_chunk)
+               k_smoothing, p_format, kv_num_blocks, kv_indices, causal_chunk, v_bias_correction)

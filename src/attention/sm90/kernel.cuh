@@ -104,6 +104,24 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
   auto o_val = [&](int i) { return kNoKeys ? 0.0f : st.o[i]; };
+  // V rounding bias (numerics section 4): v_descale * sum * 2^-16 / sk per channel, on rows that saw a key. A uniform
+  // branch per tile; without it the outputs are the products alone (no +0 that would turn -0 into +0).
+  const bool bias = !kVc && !kNoKeys && p.v_residual_sums != nullptr;
+  const long long* rsum =
+      p.v_residual_sums + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * C::kHeadDim;
+  const float bias_unit = bias ? __fdividef(dv, static_cast<float>(w.sk)) * (1.0f / 65536.0f) : 0.0f;
+  const float b_lo = kEmptyRows && !(l_lo > 0.0f) ? 0.0f : bias_unit, b_hi = kEmptyRows && !(l_hi > 0.0f) ? 0.0f : bias_unit;
+  // Channels 8 j + 2 t and 8 j + 2 t + 1: the int64 sums as floats (high word * 2^32 + low word, one FMA).
+  auto bias_pair = [&](int j) {
+    const long long x0 = __ldg(rsum + 8 * j + 2 * t), x1 = __ldg(rsum + 8 * j + 2 * t + 1);
+    return make_float2(__fmaf_rn(static_cast<float>(static_cast<int>(x0 >> 32)), 4294967296.0f,
+                                 static_cast<float>(static_cast<unsigned>(x0))),
+                       __fmaf_rn(static_cast<float>(static_cast<int>(x1 >> 32)), 4294967296.0f,
+                                 static_cast<float>(static_cast<unsigned>(x1))));
+  };
+  auto out_val = [&](float o, float wc, float scale, float bsum, float b) {
+    return bias ? __fmaf_rn(o * wc, scale, bsum * b) : o * wc * scale;
+  };
   const int r_lo = c.qt * kBlockM + row_base + g, r_hi = r_lo + 8;
   const int sq = w.sq;
   __nv_bfloat16* base = p.out + c.b * p.out_stride_b + c.h * p.out_stride_h + int64_t(w.q_out0) * p.out_stride_s;
@@ -122,8 +140,9 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
       for (int k = 0; k < 4; ++k) {
         const int j = 4 * q + k;
         const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
-        lo[k] = pack_pair(fp16, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
-        hi[k] = pack_pair(fp16, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+        const float2 bs = bias ? bias_pair(j) : make_float2(0.0f, 0.0f);
+        lo[k] = pack_pair(fp16, out_val(o_val(4 * j + 0), wc.x, s_lo, bs.x, b_lo), out_val(o_val(4 * j + 1), wc.y, s_lo, bs.y, b_lo));
+        hi[k] = pack_pair(fp16, out_val(o_val(4 * j + 2), wc.x, s_hi, bs.x, b_hi), out_val(o_val(4 * j + 3), wc.y, s_hi, bs.y, b_hi));
       }
       // the shuffles run on every lane (a quad shares its row, so its lanes agree on the bounds below)
       const uint4 vlo = quad_transpose(lo, t), vhi = quad_transpose(hi, t);
@@ -136,8 +155,9 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
 #pragma unroll
       for (int j = 0; j < C::kOutChunks; ++j) {
         const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+        const float2 bs = bias ? bias_pair(j) : make_float2(0.0f, 0.0f);
         *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t) =
-            pack_pair(fp16, o_val(4 * j + 0) * wc.x * s_lo, o_val(4 * j + 1) * wc.y * s_lo);
+            pack_pair(fp16, out_val(o_val(4 * j + 0), wc.x, s_lo, bs.x, b_lo), out_val(o_val(4 * j + 1), wc.y, s_lo, bs.y, b_lo));
       }
     }
     if (r_hi < sq) {
@@ -145,8 +165,9 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
 #pragma unroll
       for (int j = 0; j < C::kOutChunks; ++j) {
         const float2 wc = kVc ? __ldg(reinterpret_cast<const float2*>(dvc + 8 * j + 2 * t)) : make_float2(1.0f, 1.0f);
+        const float2 bs = bias ? bias_pair(j) : make_float2(0.0f, 0.0f);
         *reinterpret_cast<uint32_t*>(row + 8 * j + 2 * t) =
-            pack_pair(fp16, o_val(4 * j + 2) * wc.x * s_hi, o_val(4 * j + 3) * wc.y * s_hi);
+            pack_pair(fp16, out_val(o_val(4 * j + 2), wc.x, s_hi, bs.x, b_hi), out_val(o_val(4 * j + 3), wc.y, s_hi, bs.y, b_hi));
       }
     }
   }
