@@ -403,8 +403,9 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 // kResidual (VArgs::v_residual_sums, never with kCache): the block's V rounding residual sums per channel (numerics
 // section 4, "V rounding bias") are added to the (batch, head)'s int64 sums; exact integer sums, so the order of
 // the CTAs' atomics does not change the result.
+// (One CTA per SM fewer with it: its 16 sums beside the loaded tile fit the registers without a spill.)
 template <typename T, int D, bool kCache = false, bool kResidual = false>
-__global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
+__global__ void __launch_bounds__(Tile<D>::kThreads, kResidual ? Tile<D>::kMinCtas - 1 : Tile<D>::kMinCtas)
     v_pack_kernel(const __grid_constant__ VArgs args) {
   static_assert(!(kCache && kResidual), "a KV cache's preparation writes no V residual sums");
   using TL = Tile<D>;
