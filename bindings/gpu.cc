@@ -55,6 +55,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(inputs, Fp8Inputs, v_descale);
   OPENVC_FIELD(inputs, Fp8Inputs, qk_format);
   OPENVC_FIELD(inputs, Fp8Inputs, kv_heads);
+  OPENVC_FIELD(inputs, Fp8Inputs, v_bias);
 
   auto prep = openvc_bindings::params_class<PrepareParams>(m, "PrepareParams", "openvc::PrepareParams.");
   OPENVC_FIELD(prep, PrepareParams, dtype);
@@ -64,6 +65,7 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(prep, PrepareParams, seqlen_k);
   OPENVC_FIELD(prep, PrepareParams, heads);
   OPENVC_FIELD(prep, PrepareParams, kv_heads);
+  OPENVC_FIELD(prep, PrepareParams, v_bias);
   OPENVC_FIELD(prep, PrepareParams, head_dim);
   OPENVC_FIELD(prep, PrepareParams, q);
   OPENVC_FIELD(prep, PrepareParams, k);
@@ -152,9 +154,9 @@ void register_gpu(nb::module_& m) {
   OPENVC_FIELD(general, GeneralAttentionParams, causal_chunk);
 
   m.def("prepare_workspace_bytes", &prepare_workspace_bytes, nb::arg("groups"), nb::arg("heads"),
-        nb::arg("max_seqlen_k"), nb::arg("k_smoothing"),
-        "Workspace of prepare_fp8: (batch, heads, seqlen_k, k_smoothing), or (num_seqs, heads, max_seqlen_k, "
-        "k_smoothing) for packed sequences; max_seqlen_k is used only with k_smoothing.");
+        nb::arg("max_seqlen_k"), nb::arg("k_smoothing"), nb::arg("v_bias") = false,
+        "Workspace of prepare_fp8: (batch, heads, seqlen_k, k_smoothing, v_bias), or (num_seqs, heads, max_seqlen_k, "
+        "k_smoothing, v_bias) for packed sequences; max_seqlen_k is used only with k_smoothing.");
   openvc_bindings::def_enqueue<PrepareParams, &prepare_fp8>(
       m, "prepare_fp8", "Enqueues openvc::prepare_fp8 (batched, or packed sequences with cu_seqlens_q/k) on `stream`.");
   openvc_bindings::def_enqueue<AttentionParams, &attention_fp8>(

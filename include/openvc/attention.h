@@ -60,13 +60,12 @@ struct Fp8Inputs {
   // result is attention on K and V with each head repeated heads / kv_heads times, bit for bit. Not with repair
   // rows or the VC mode (Status::Unsupported naming in.kv_heads). Last, so that positional initializers stay valid.
   int kv_heads = 0;
-  // V rounding bias correction (numerics section 4, "V rounding bias"; optional): PrepareParams::v_residual_sums as
-  // prepare_fp8 wrote them ([B, Hk, D] int64, 8-byte aligned). Every output row that sees a key then adds, per channel c,
-  // v_descale * v_residual_sums[c] * 2^-16 / keys (keys: its sequence's key count), the mean rounding error of V
-  // over the keys: exact for attention spread evenly over them, and it removes the part of V's rounding error that
-  // such attention averages to a bias. Not with repair rows, the VC mode or V block descales (Status::Unsupported
-  // naming in.v_residual_sums). Null: none. Last, as above.
-  const int64_t* v_residual_sums = nullptr;
+  // V rounding bias correction (numerics section 4, "V rounding bias"; optional): PrepareParams::v_bias as prepare_fp8
+  // wrote it ([B, Hk, D] FP32, 8-byte aligned): every output row that sees a key adds v_bias[c] to channel c, the mean
+  // rounding error of V over the sequence's keys. Exact for attention spread evenly over them; it removes the part of
+  // V's rounding error that such attention averages to a bias. Not with repair rows, the VC mode or V block descales
+  // (Status::Unsupported naming in.v_bias). Null: none. Last, as above.
+  const float* v_bias = nullptr;
 };
 // The K/V head count of a call: kv_heads, or heads where kv_heads is 0.
 inline int kv_heads_or(int heads, int kv_heads) { return kv_heads > 0 ? kv_heads : heads; }
@@ -164,17 +163,18 @@ struct PrepareParams {
   // as above.
   int kv_heads = 0;
   // V rounding bias (numerics section 4, "V rounding bias"; optional output, 8-byte aligned): [B, Hk, D] (packed:
-  // [num_seqs, Hk, D]) int64, per (sequence, K/V head, channel) the sum over the sequence's valid keys of
-  // rne(2^16 * (x - decode(code))), x = fl(v * scale_inv) the scaled value and code its E4M3 code (a NaN residual
-  // counts 0). Exact integer sums (the same on every run). Fp8Inputs::v_residual_sums takes it. Not with the KV-cache
-  // fields (Status::Unsupported naming v_residual_sums). Null: not written. Last, as above.
-  int64_t* v_residual_sums = nullptr;
+  // [num_seqs, Hk, D]) FP32, per (sequence, K/V head, channel) (float)(v_descale * R * 2^-16 / keys) in double, R the
+  // exact int64 sum over the sequence's valid keys of rne(2^16 * (x - decode(code))), x = fl(v * scale_inv) the scaled
+  // value and code its E4M3 code (a NaN residual counts 0); 0 for a sequence without keys. The same bits on every run.
+  // Needs prepare_workspace_bytes(..., v_bias = true). Fp8Inputs::v_bias takes it. Not with the KV-cache fields
+  // (Status::Unsupported naming v_bias). Null: not written. Last, as above.
+  float* v_bias = nullptr;
 };
 // Workspace of prepare_fp8 (a multiple of 16 bytes): groups = batch, or num_seqs for packed sequences;
 // max_seqlen_k = seqlen_k (batched) or max_seqlen_k (packed), used only with k_smoothing (its per-block
 // double channel sums and float means, sized for head dim 128). k_smoothing = false gives the V amax
-// slots alone.
-size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing);
+// slots alone. v_bias: room for the V rounding residual sums and their block counts (PrepareParams::v_bias).
+size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing, bool v_bias = false);
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream);
 
 // ---- V residual repair rows (numerics section 6) ----------------------------------------------------

@@ -55,6 +55,9 @@ struct HeadQuantized {
   // [nseq, H, D] the rounding residuals' fixed-point sums (numerics section 4, "V rounding bias"): per channel c,
   // sum over the sequence's tokens j of v_residual_fixed(x_jc, code_jc), x_jc = fl(v_jc * scale_inv).
   std::vector<int64_t> residual_sums;
+  // [nseq, H, D] the bias: (float)((double)descale * (double)residual_sums * 2^-16 / (double)tokens), 0 for an empty
+  // sequence (prepare_fp8's PrepareParams::v_bias, bit for bit).
+  std::vector<float> bias;
 };
 // One V element's rounding residual in units of 2^-16 (scaled domain): rne(2^16 * (x - decode(code))), the
 // residual exact in FP32; 0 where it is not finite or |residual| > 16 (NaN input). |result| <= 2^20.
@@ -209,8 +212,7 @@ struct AttentionOptions {
   // repair rows or V block descales; query_tile 128. 0: no split. Last, as above.
   int split_ctas = 0;
   // V rounding bias correction (numerics section 4, "V rounding bias"): every output row that sees a key adds
-  // b_c = descale_V * residual_sums[c] * 2^-16 / keys (keys: its sequence's key count) to channel c. Not with
-  // repair rows or V block descales. Last, as above.
+  // in.v.bias[c] to channel c. Not with repair rows or V block descales. Last, as above.
   bool v_bias_correction = false;
 };
 // Order positions at which split_ctas CTA ranges cut tile `tile` of `n` key blocks (ascending, each in (0, n);

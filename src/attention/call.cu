@@ -36,7 +36,7 @@ Shape shape_of(const AttentionCall& c) {
 // Byte offsets of the workspace parts (prepared arrays as attention.h lays them out, then prepare's
 // scratch, then the LSE term), and the total.
 struct Layout {
-  size_t q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, v_residual_sums, prep, q_dot_k_mean, split, total;
+  size_t q_codes, q_descale, k_codes, k_descale, v_packed, v_descale, v_bias, prep, q_dot_k_mean, split, total;
   size_t prep_bytes, split_bytes;
   int split_grid;   // > 0: the call may split tiles (split_grid CTAs at most: the device's SMs)
 };
@@ -80,8 +80,8 @@ Layout layout_of(const AttentionCall& c) {
   l.k_descale = part(size_t(ghk) * nk * (int8 ? kInt8KeyGroups : 1) * sizeof(float));
   l.v_packed = part(size_t(ghk) * c.head_dim * packed_seqlen_k(s.sk));
   l.v_descale = part(size_t(ghk) * sizeof(float));
-  l.v_residual_sums = part(c.v_bias_correction ? size_t(ghk) * c.head_dim * sizeof(int64_t) : 0);
-  l.prep_bytes = prepare_workspace_bytes(int(s.groups), c.heads, int(s.sk), c.k_smoothing);
+  l.v_bias = part(c.v_bias_correction ? size_t(ghk) * c.head_dim * sizeof(float) : 0);
+  l.prep_bytes = prepare_workspace_bytes(int(s.groups), c.heads, int(s.sk), c.k_smoothing, c.v_bias_correction);
   l.prep = part(l.prep_bytes);
   // The LSE's layout: [B, H, Sq] batched, [H, total_q] packed.
   l.q_dot_k_mean = part(wants_lse_term(c) ? size_t(c.heads) * (packed(c) ? s.rows_q : s.groups * s.sq) * sizeof(float)
@@ -205,7 +205,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   p.workspace = at<void>(workspace, l.prep), p.workspace_bytes = l.prep_bytes;
   p.k_smoothing = c.k_smoothing;
   p.kv_heads = c.kv_heads;
-  if (c.v_bias_correction) p.v_residual_sums = at<int64_t>(workspace, l.v_residual_sums);
+  if (c.v_bias_correction) p.v_bias = at<float>(workspace, l.v_bias);
   float* term = wants_lse_term(c) ? at<float>(workspace, l.q_dot_k_mean) : nullptr;
   p.q_dot_k_mean = term;
   // E4M3 calls, plain or causal, batched or packed: the kernel quantizes Q per tile (kFusedQMode), so the
@@ -223,7 +223,7 @@ Status attention(const AttentionCall& c, void* workspace, size_t workspace_bytes
   in.batch = c.batch, in.seqlen_q = c.seqlen_q, in.seqlen_k = c.seqlen_k, in.heads = c.heads, in.head_dim = c.head_dim;
   in.q_codes = p.q_codes, in.q_descale = p.q_descale, in.k_codes = p.k_codes, in.k_descale = p.k_descale;
   in.v_packed = p.v_packed, in.v_descale = p.v_descale, in.qk_format = c.qk_format, in.kv_heads = c.kv_heads;
-  in.v_residual_sums = p.v_residual_sums;
+  in.v_bias = p.v_bias;
   if (path == AttentionPath::kFast) {
     AttentionParams a;
     a.in = in;

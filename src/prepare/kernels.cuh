@@ -125,8 +125,10 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
   allow_dependent_launch();   // v_amax_kernel may start (it waits for this grid before its atomics)
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D)
+  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D) {
     args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) args.v_arrivals[c.b * args.heads + c.h] = 0u;
+  }
   zero_words(args);
   const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
   float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
@@ -264,8 +266,10 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = blk * kBlockTokens;
   allow_dependent_launch();   // as in quantize_qk_kernel
   if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D)
+  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D) {
     args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) args.v_arrivals[c.b * args.heads + c.h] = 0u;
+  }
   zero_words(args);
   const SeqSpan span = seq_span(s.in, c.b);
   const int t = threadIdx.x / kC;
@@ -400,9 +404,29 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 // (D = 64: 2-way on the reads, its rows being only 16 words wide).
 // kCache: V read in two parts and, with CacheArgs::v_descale_blocks, one V descale per block (the head's, at
 // each of the call's blocks: a KV cache's per-block layout); sk_pad is then the cache's slots per row.
-// kResidual (VArgs::v_residual_sums, never with kCache): the block's V rounding residual sums per channel (numerics
-// section 4, "V rounding bias") are added to the (batch, head)'s int64 sums; exact integer sums, so the order of
-// the CTAs' atomics does not change the result.
+// The last of a sequence's blocks to add its residual sums (a count per (batch, head); the threadfence orders each
+// block's atomics before its count) writes v_bias = (float)(v_descale * R * 2^-16 / keys), in double, for every channel.
+template <int D>
+__device__ __forceinline__ void finish_v_bias(const VArgs& args, int64_t bh, int keys, float amax) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int blocks = (keys + kBlockTokens - 1) / kBlockTokens;
+    last = atomicAdd(args.v_arrivals + bh, 1u) == static_cast<unsigned>(blocks - 1);
+  }
+  __syncthreads();
+  if (!last || threadIdx.x >= D) return;
+  __threadfence();
+  const long long r = static_cast<long long>(atomicAdd(args.v_residual_sums + bh * D + threadIdx.x, 0ull));
+  args.v_bias[bh * D + threadIdx.x] =
+      static_cast<float>(static_cast<double>(descale_of(amax)) * static_cast<double>(r) * (1.0 / 65536.0) /
+                         static_cast<double>(keys));
+}
+
+// kResidual (VArgs::v_bias, never with kCache): the block's V rounding residual sums per channel (numerics section 4,
+// "V rounding bias") are added to the (batch, head)'s int64 sums (exact integer sums: the order of the CTAs' atomics
+// does not change them), and the sequence's last block to finish turns them into v_bias.
 // (One CTA per SM fewer with it: its 16 sums beside the loaded tile fit the registers without a spill.)
 template <typename T, int D, bool kCache = false, bool kResidual = false>
 __global__ void __launch_bounds__(Tile<D>::kThreads, kResidual ? Tile<D>::kMinCtas - 1 : Tile<D>::kMinCtas)
@@ -444,6 +468,9 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, kResidual ? Tile<D>::kMinCt
     if (c.blk == 0 && threadIdx.x == 0) args.v_descale[bh] = descale_of(amax);
   }
   if (!in_sequence) {
+    if constexpr (kResidual) {   // a sequence without keys: no block adds to its sums, and its bias is 0
+      if (span.len == 0 && c.blk == 0 && threadIdx.x < D) args.v_bias[bh * D + threadIdx.x] = 0.0f;
+    }
     uint8_t* dst = args.v_packed + (bh * D + 4 * w) * args.sk_pad + token0 + 16 * g;
 #pragma unroll
     for (int i = 0; i < 4; ++i) *reinterpret_cast<uint4*>(dst + i * args.sk_pad) = make_uint4(0, 0, 0, 0);
@@ -488,6 +515,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, kResidual ? Tile<D>::kMinCt
       for (int w8 = 0; w8 < TL::kWarps; ++w8) sum += warp_residuals[w8][threadIdx.x];
       atomicAdd(args.v_residual_sums + bh * D + threadIdx.x, static_cast<unsigned long long>(static_cast<long long>(sum)));
     }
+    finish_v_bias<D>(args, bh, span.len, amax);
   }
 
   // Phase 2: thread (g, w) owns dims 4w..4w+3 of the keys of 16-key group g. It gathers the 16 words

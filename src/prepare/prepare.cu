@@ -28,11 +28,12 @@ static_assert(prepare::kKeyGroups == kInt8KeyGroups, "INT8 K descales per block"
 
 // Workspace parts, each starting 16-byte aligned: the V amax slots [G, H] (uint32), and with K smoothing
 // the double block sums [G, H, nk, 128] and the float means [G, H, 128] (sized for head dim 128; head dim
-// 64 uses the first half of each part with its own strides).
+// 64 uses the first half of each part with its own strides); with the V rounding bias, the int64 residual sums
+// [G, H, 128] and the block counts [G, H] (uint32) after them.
 struct WorkspaceLayout {
-  size_t block_sums = 0, means = 0, total = 0;  // byte offsets of the parts, and the size
+  size_t block_sums = 0, means = 0, residuals = 0, arrivals = 0, total = 0;  // byte offsets of the parts, and the size
 };
-WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k_smoothing) {
+WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k_smoothing, bool v_bias = false) {
   auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   WorkspaceLayout l;
   if (groups <= 0 || heads <= 0) return l;
@@ -43,6 +44,11 @@ WorkspaceLayout workspace_layout(int groups, int heads, int max_seqlen_k, bool k
     const size_t nk = max_seqlen_k > 0 ? static_cast<size_t>(num_quant_blocks(max_seqlen_k)) : 0;
     l.means = l.block_sums + up16(gh * nk * kHeadDim * sizeof(double));
     l.total = l.means + up16(gh * kHeadDim * sizeof(float));
+  }
+  l.residuals = l.arrivals = l.total;
+  if (v_bias) {
+    l.arrivals = l.residuals + up16(gh * kHeadDim * sizeof(int64_t));
+    l.total = l.arrivals + up16(gh * sizeof(uint32_t));
   }
   return l;
 }
@@ -185,24 +191,26 @@ Status validate(const PrepareParams& p) {
   OPENVC_RETURN_IF_ERROR(check_output("workspace", p.workspace, alignof(uint32_t)));
   if (p.seqused_k != nullptr && !aligned(p.seqused_k, alignof(int)))
     return Status::Invalid("prepare_fp8: params.seqused_k must be 4-byte aligned (int32)");
-  if (p.k_smoothing && !aligned(p.workspace, 16))
-    return Status::Invalid("prepare_fp8: params.workspace must be 16-byte aligned with k_smoothing");
+  if ((p.k_smoothing || p.v_bias != nullptr) && !aligned(p.workspace, 16))
+    return Status::Invalid("prepare_fp8: params.workspace must be 16-byte aligned with k_smoothing or v_bias");
   if (p.q_dot_k_mean != nullptr && !p.k_smoothing)
     return Status::Invalid("prepare_fp8: params.q_dot_k_mean is written with k_smoothing only (the LSE term of the "
                            "removed K mean); it must be null without it");
   OPENVC_RETURN_IF_ERROR(check_output("q_dot_k_mean", p.q_dot_k_mean, alignof(float), /*optional=*/true));
-  OPENVC_RETURN_IF_ERROR(check_output("v_residual_sums", p.v_residual_sums, alignof(int64_t), /*optional=*/true));
+  OPENVC_RETURN_IF_ERROR(check_output("v_bias", p.v_bias, 8, /*optional=*/true));
+  if (p.v_bias != nullptr && uses_cache_fields(p))
+    return Status::Unsupported("prepare_fp8: params.v_bias is not written by a KV cache's preparation (its chunks have "
+                               "V scales of their own); it must be null with the KV-cache fields");
   OPENVC_RETURN_IF_ERROR(validate_cache_fields(p, d));
-  if (p.v_residual_sums != nullptr && uses_cache_fields(p))
-    return Status::Unsupported("prepare_fp8: params.v_residual_sums is not written by a KV cache's preparation (its "
-                               "chunks have V scales of their own); it must be null with the KV-cache fields");
-  const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing);
+  const bool v_bias = p.v_bias != nullptr;
+  const size_t need = prepare_workspace_bytes(d.nseq, p.heads, d.sk, p.k_smoothing, v_bias);
   if (p.workspace_bytes < need)
     return Status::Invalid("prepare_fp8: params.workspace_bytes is " + std::to_string(p.workspace_bytes) + ", " +
-                           (d.packed ? "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = ("
-                                     : "prepare_workspace_bytes(batch, heads, seqlen_k, k_smoothing) = (") +
+                           (d.packed ? "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing, v_bias) = ("
+                                     : "prepare_workspace_bytes(batch, heads, seqlen_k, k_smoothing, v_bias) = (") +
                            std::to_string(d.nseq) + ", " + std::to_string(p.heads) + ", " + std::to_string(d.sk) +
-                           ", " + (p.k_smoothing ? "true" : "false") + ") = " + std::to_string(need) + " needed");
+                           ", " + (p.k_smoothing ? "true" : "false") + ", " + (v_bias ? "true" : "false") + ") = " +
+                           std::to_string(need) + " needed");
   // Flat 1-D grids: sequences * heads * blocks CTAs must fit gridDim.x.
   const int64_t blocks = num_quant_blocks(d.sq) + num_quant_blocks(d.sk);
   if (static_cast<int64_t>(d.nseq) * p.heads * blocks > INT32_MAX)
@@ -240,7 +248,7 @@ cudaError_t launch_v(const prepare::VArgs& va, unsigned ctas, cudaStream_t strea
       launch_programmatic(prepare::v_amax_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
   if (e != cudaSuccess) return e;
   if constexpr (!kCache) {
-    if (va.v_residual_sums != nullptr)
+    if (va.v_bias != nullptr)
       return launch_programmatic(prepare::v_pack_kernel<T, D, false, true>, dim3(ctas), dim3(kThreads), 0, stream, va);
   }
   return launch_programmatic(prepare::v_pack_kernel<T, D, kCache>, dim3(ctas), dim3(kThreads), 0, stream, va);
@@ -265,7 +273,11 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   // K and V per K/V head (grouped-query attention: kv_heads < heads), Q per query head.
   const int kv_heads = kv_heads_or(p.heads, p.kv_heads);
   const int64_t bh = static_cast<int64_t>(d.nseq) * kv_heads;
-  const WorkspaceLayout ws = workspace_layout(d.nseq, p.heads, d.sk, p.k_smoothing);
+  const WorkspaceLayout ws = workspace_layout(d.nseq, p.heads, d.sk, p.k_smoothing, p.v_bias != nullptr);
+  auto* const residuals =
+      p.v_bias != nullptr ? reinterpret_cast<unsigned long long*>(static_cast<char*>(p.workspace) + ws.residuals) : nullptr;
+  auto* const arrivals =
+      p.v_bias != nullptr ? reinterpret_cast<unsigned*>(static_cast<char*>(p.workspace) + ws.arrivals) : nullptr;
   float* k_mean = nullptr;
   if (p.k_smoothing) {  // K channel means (smoothing.cuh) before the Q/K quantization reads them
     prepare::SmoothArgs sa{};
@@ -290,7 +302,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   qk.k_mean = k_mean;
   qk.q_dot_k_mean = p.q_dot_k_mean;
   qk.zero_words = extras.zero_words;
-  qk.v_residual_sums = reinterpret_cast<unsigned long long*>(p.v_residual_sums);
+  qk.v_residual_sums = residuals, qk.v_arrivals = arrivals;
   qk.zero_count = extras.zero_words != nullptr ? extras.zero_count : 0;
   const bool cache = uses_cache_fields(p);
   if (cache) qk.cache = cache_args(p, d.sk, qk.side[1].nblocks);
@@ -318,7 +330,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
     prepare::QkArgs q_only = qk, k_only = qk;
     q_only.side[1].nblocks = 0;
     q_only.kv_group = p.heads / kv_heads;
-    q_only.v_residual_sums = nullptr;   // [G, kv_heads, D]: K's grid zeroes them
+    q_only.v_residual_sums = nullptr, q_only.v_arrivals = nullptr;   // K's grid zeroes them (per K/V head)
     k_only.side[0].nblocks = 0;
     k_only.heads = kv_heads;
     launch_qk_grid(q_only);
@@ -334,7 +346,7 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
   va.v_amax = v_amax;
   va.v_packed = p.v_packed;
   va.v_descale = p.v_descale;
-  va.v_residual_sums = reinterpret_cast<unsigned long long*>(p.v_residual_sums);
+  va.v_residual_sums = residuals, va.v_arrivals = arrivals, va.v_bias = p.v_bias;
   va.sk_pad = cache && p.v_packed_columns > 0 ? p.v_packed_columns : packed_seqlen_k(d.sk);
   if (cache) va.cache = qk.cache;
   const unsigned v_ctas = static_cast<unsigned>(bh * va.nblocks);
@@ -346,8 +358,8 @@ Status launch(const PrepareParams& p, const PrepareExtras& extras, cudaStream_t 
 
 }  // namespace
 
-size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing) {
-  return workspace_layout(groups, heads, max_seqlen_k, k_smoothing).total;
+size_t prepare_workspace_bytes(int groups, int heads, int max_seqlen_k, bool k_smoothing, bool v_bias) {
+  return workspace_layout(groups, heads, max_seqlen_k, k_smoothing, v_bias).total;
 }
 
 Status prepare_fp8(const PrepareParams& params, cudaStream_t stream) {

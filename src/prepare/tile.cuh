@@ -111,9 +111,10 @@ struct QkArgs {
   // Grouped-query attention (PrepareParams::kv_heads): query heads per K/V head. The Q blocks' q_dot_k_mean reads
   // the means of K/V head h / kv_group (heads / kv_group of them per sequence). 1 without it.
   int kv_group = 1;
-  // V rounding residual sums ([B, heads, D] int64, VArgs::v_residual_sums) that the first block of each (batch,
-  // head) zeroes before v_pack_kernel adds to them; null: none (and in a launch over the query heads alone).
+  // V rounding residual sums ([B, heads, D] int64) and block counts ([B, heads]) of VArgs, which the first block of
+  // each (batch, head) zeroes before v_pack_kernel adds to them; null: none (and in a launch over the query heads alone).
   unsigned long long* v_residual_sums = nullptr;
+  unsigned* v_arrivals = nullptr;
 };
 
 struct VArgs {
@@ -124,9 +125,13 @@ struct VArgs {
   float* v_descale;   // [B, H] (a cache: see CacheArgs::v_descale_blocks)
   int64_t sk_pad;
   CacheArgs cache;    // read by the kCache kernels only
-  // Optional [B, H, D] int64 (two's complement in unsigned words): per channel, the sum over the sequence's keys of
-  // rne(2^16 * (x - decode(code))) (numerics section 4, "V rounding bias"); zeroed by the Q/K grid. Null: none.
+  // V rounding bias (numerics section 4), all three set or none: the workspace's int64 residual sums [B, H, D] (two's
+  // complement in unsigned words: per channel, the sum over the sequence's keys of rne(2^16 * (x - decode(code)))) and
+  // block counts [B, H], both zeroed by the Q/K grid, and the output v_bias [B, H, D], which the sequence's last
+  // block to finish writes.
   unsigned long long* v_residual_sums = nullptr;
+  unsigned* v_arrivals = nullptr;
+  float* v_bias = nullptr;
 };
 
 template <int D>

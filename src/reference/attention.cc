@@ -186,8 +186,8 @@ int64_t run_group(const PreparedInputs& in, const AttentionOptions& opt, int s, 
   const double dv = dvb ? 1.0 : in.v.descale[g];
   // V rounding bias (numerics section 4): the mean rounding residual of the sequence's keys, per channel.
   std::vector<double> v_bias(D, 0.0);
-  if (opt.v_bias_correction && sk > 0)
-    for (int c = 0; c < D; ++c) v_bias[c] = dv * static_cast<double>(in.v.residual_sums[g * D + c]) * kVResidualUnit / sk;
+  if (opt.v_bias_correction)
+    for (int c = 0; c < D; ++c) v_bias[c] = in.v.bias[g * D + c];
   const int max_q = in.q_seqs.max_length();
   float* lse = res->lse.data() + g * max_q;
 
@@ -404,8 +404,8 @@ Status attention_expcast(const PreparedInputs& in, const AttentionOptions& opt, 
   if (opt.v_bias_correction) {
     if (in.repair != nullptr || opt.v_block_descale != nullptr)
       return Status::Unsupported("opt.v_bias_correction: not with repair rows or V block descales");
-    if (in.v.residual_sums.size() != static_cast<size_t>(nseq) * H * D)
-      return Status::Invalid("opt.v_bias_correction: in.v.residual_sums must hold nseq * H * D sums (quantize_heads)");
+    if (in.v.bias.size() != static_cast<size_t>(nseq) * H * D)
+      return Status::Invalid("opt.v_bias_correction: in.v.bias must hold nseq * H * D values (quantize_heads)");
   }
   if (opt.key_blocks != nullptr) {
     const KeyBlockLists& kb = *opt.key_blocks;

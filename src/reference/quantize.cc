@@ -73,6 +73,7 @@ Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out)
   out->descale.assign(static_cast<size_t>(nseq) * H, 0.0f);
   out->scale_inv.assign(static_cast<size_t>(nseq) * H, 0.0f);
   out->residual_sums.assign(static_cast<size_t>(nseq) * H * D, 0);
+  out->bias.assign(static_cast<size_t>(nseq) * H * D, 0.0f);
   for (int s = 0; s < nseq; ++s) {
     for (int h = 0; h < H; ++h) {
       const size_t g = static_cast<size_t>(s) * H + h;
@@ -83,6 +84,11 @@ Status quantize_heads(const float* x, const Sequences& seqs, HeadQuantized* out)
         const int64_t base = (t * H + h) * D;
         for (int c = 0; c < D; ++c) sums[c] += v_residual_fixed(x[base + c] * out->scale_inv[g], out->codes[base + c]);
       }
+      const int64_t keys = seqs.length(s);
+      if (keys > 0)
+        for (int c = 0; c < D; ++c)
+          out->bias[g * D + c] = static_cast<float>(static_cast<double>(out->descale[g]) * static_cast<double>(sums[c]) *
+                                                    kVResidualUnit / static_cast<double>(keys));
     }
   }
   return Status::Ok();

@@ -37,8 +37,8 @@ Status validate(const GeneralAttentionParams& p) {
                                "fast path, numerics section 9)");
   if (in.heads <= 0 || in.heads > 65535)
     return Status::Invalid("in.heads: expected 1..65535 (a grid dimension), got " + str(in.heads));
-  if (in.v_residual_sums != nullptr)
-    return Status::Unsupported("in.v_residual_sums: the general path has no V rounding bias correction (the sm_90a "
+  if (in.v_bias != nullptr)
+    return Status::Unsupported("in.v_bias: the general path has no V rounding bias correction (the sm_90a "
                                "fast path applies it)");
   if (kv_heads_or(in.heads, in.kv_heads) != in.heads)
     return Status::Unsupported("in.kv_heads: grouped-query attention (kv_heads " + str(in.kv_heads) + " of " +

@@ -104,23 +104,14 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
   auto o_val = [&](int i) { return kNoKeys ? 0.0f : st.o[i]; };
-  // V rounding bias (numerics section 4): v_descale * sum * 2^-16 / sk per channel, on rows that saw a key. A uniform
-  // branch per tile; without it the outputs are the products alone (no +0 that would turn -0 into +0).
-  const bool bias = !kVc && !kNoKeys && p.v_residual_sums != nullptr;
-  const long long* rsum =
-      p.v_residual_sums + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * C::kHeadDim;
-  const float bias_unit = bias ? __fdividef(dv, static_cast<float>(w.sk)) * (1.0f / 65536.0f) : 0.0f;
-  const float b_lo = kEmptyRows && !(l_lo > 0.0f) ? 0.0f : bias_unit, b_hi = kEmptyRows && !(l_hi > 0.0f) ? 0.0f : bias_unit;
-  // Channels 8 j + 2 t and 8 j + 2 t + 1: the int64 sums as floats (high word * 2^32 + low word, one FMA).
-  auto bias_pair = [&](int j) {
-    const long long x0 = __ldg(rsum + 8 * j + 2 * t), x1 = __ldg(rsum + 8 * j + 2 * t + 1);
-    return make_float2(__fmaf_rn(static_cast<float>(static_cast<int>(x0 >> 32)), 4294967296.0f,
-                                 static_cast<float>(static_cast<unsigned>(x0))),
-                       __fmaf_rn(static_cast<float>(static_cast<int>(x1 >> 32)), 4294967296.0f,
-                                 static_cast<float>(static_cast<unsigned>(x1))));
-  };
-  auto out_val = [&](float o, float wc, float scale, float bsum, float b) {
-    return bias ? __fmaf_rn(o * wc, scale, bsum * b) : o * wc * scale;
+  // V rounding bias (numerics section 4): v_bias per channel on rows that saw a key. A uniform branch per tile;
+  // without it the outputs are the products alone (no +0 that would turn -0 into +0).
+  const bool bias = !kVc && !kNoKeys && p.v_bias != nullptr;
+  const float* vb = p.v_bias + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * C::kHeadDim;
+  const bool b_lo = !kEmptyRows || l_lo > 0.0f, b_hi = !kEmptyRows || l_hi > 0.0f;
+  auto bias_pair = [&](int j) { return __ldg(reinterpret_cast<const float2*>(vb + 8 * j + 2 * t)); };
+  auto out_val = [&](float o, float wc, float scale, float bv, bool row_bias) {
+    return bias && row_bias ? __fmaf_rn(o * wc, scale, bv) : o * wc * scale;
   };
   const int r_lo = c.qt * kBlockM + row_base + g, r_hi = r_lo + 8;
   const int sq = w.sq;

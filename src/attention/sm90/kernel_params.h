@@ -69,9 +69,9 @@ struct KernelParams {
   // Grouped-query attention (Fp8Inputs::kv_heads): K, V and their descales hold kv_heads heads; query head h reads
   // K/V head h / kv_group (kv_group = heads / kv_heads, 1 without it).
   int kv_heads, kv_group;
-  // V rounding bias (Fp8Inputs::v_residual_sums, numerics section 4): [B, Hk, D] fixed-point residual sums (2^-16
-  // units); null: none. The epilogue adds v_descale * sum * 2^-16 / sk per channel to rows that saw a key.
-  const long long* v_residual_sums;
+  // V rounding bias (Fp8Inputs::v_bias, numerics section 4): [B, Hk, D] FP32 added per channel to rows that saw a key
+  // (the epilogue); null: none.
+  const float* v_bias;
 };
 
 // The K/V head of query head h (a uniform branch: no division where the heads are equal).

@@ -196,11 +196,11 @@ Status validate_form(const AttentionParams& p, bool vc) {
                                 p.p_format == PFormat::kExp2 || in.head_dim != 128))
     return Status::Unsupported("v_descale_per_block: V block descales take head_dim 128 and ExpCast P, without "
                                "causal, repair rows, the VC mode or key block lists");
-  if (in.v_residual_sums != nullptr && (p.repair.rows > 0 || vc || p.v_descale_per_block))
-    return Status::Unsupported(std::string("in.v_residual_sums: the V rounding bias correction does not combine with ") +
+  if (in.v_bias != nullptr && (p.repair.rows > 0 || vc || p.v_descale_per_block))
+    return Status::Unsupported(std::string("in.v_bias: the V rounding bias correction does not combine with ") +
                                (vc ? "the VC mode" : p.repair.rows > 0 ? "repair rows" : "V block descales"));
-  if (in.v_residual_sums != nullptr && !aligned(in.v_residual_sums, alignof(int64_t)))
-    return Status::Invalid("in.v_residual_sums must be 8-byte aligned (int64)");
+  if (in.v_bias != nullptr && !aligned(in.v_bias, 8))
+    return Status::Invalid("in.v_bias must be 8-byte aligned (the epilogue reads channel pairs)");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
     return Status::Unsupported(std::string(vc ? "VC mode" : "repair rows") +
                                " take plain batched, non-causal calls only (no cu_seqlens, seqused_k or causal)");
@@ -370,7 +370,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
   kp.q_descale = in.q_descale;
   kp.k_descale = in.k_descale;
   kp.v_descale = in.v_descale;
-  kp.v_residual_sums = reinterpret_cast<const long long*>(in.v_residual_sums);
+  kp.v_bias = in.v_bias;
   kp.out = static_cast<__nv_bfloat16*>(params.out);
   kp.out_stride_b = sh.packed ? 0 : params.out_stride_batch;
   kp.out_stride_s = params.out_stride_seq;

@@ -1,8 +1,8 @@
-// The V rounding bias correction (numerics section 4, "V rounding bias"): prepare_fp8's int64 residual sums equal
-// the reference's bit for bit (batched, packed uneven with an empty sequence, key counts, grouped K/V heads, head dim
-// 64 and 128, either Q/K format); the one call with the correction writes the call without it plus
-// v_descale * sum * 2^-16 / keys per channel (rows that see no key stay 0), and with uniform attention (q = 0) it
-// gives the mean of V, which the uncorrected call misses by V's mean rounding error; the argument rules.
+// The V rounding bias correction (numerics section 4, "V rounding bias"): prepare_fp8's v_bias equals the
+// reference's bit for bit (batched, packed uneven with an empty sequence, key counts, grouped K/V heads, head dim 64
+// and 128, either Q/K format; the workspace and output poisoned first); the one call with the correction writes the
+// call without it plus v_bias per channel (rows that see no key stay 0), and with uniform attention (q = 0) it gives
+// the mean of V, which the uncorrected call misses by V's mean rounding error; the argument rules.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -76,17 +76,18 @@ openvc::AttentionCall call_of(const Case& c, const Device& dv, bool correction) 
   return a;
 }
 
-// prepare_fp8's V descales and residual sums ([G, Hk] and [G, Hk, D]).
-void prepare_v(const Case& c, const Device& dv, std::vector<float>* v_descale, std::vector<int64_t>* sums) {
+// prepare_fp8's V descales and bias ([G, Hk] and [G, Hk, D]).
+void prepare_v(const Case& c, const Device& dv, std::vector<float>* v_descale, std::vector<float>* bias) {
   const openvc::AttentionCall a = call_of(c, dv, true);
   const int64_t g = c.nseq(), sq = c.cu_k.empty() ? c.sq : c.sk, sk = c.sk;
   const bool int8 = c.fmt == openvc::QkFormat::kInt8;
   DevBuf qc(c.rows_q() * c.h * c.d), kc(c.rows_k() * c.hk * c.d);
   DevBuf qs(g * c.h * (int8 ? sq : openvc::num_quant_blocks(sq)) * 4);
   DevBuf ks(g * c.hk * openvc::num_quant_blocks(sk) * (int8 ? 8 : 1) * 4);
-  DevBuf vp(g * c.hk * c.d * openvc::packed_seqlen_k(sk)), vs(g * c.hk * 4), rs(g * c.hk * c.d * 8);
-  DevBuf ws(openvc::prepare_workspace_bytes(int(g), c.h, int(sk), false));
-  CUDA_OK(cudaMemset(rs.p, 0x5A, rs.bytes));   // poisoned: the preparation zeroes them itself
+  DevBuf vp(g * c.hk * c.d * openvc::packed_seqlen_k(sk)), vs(g * c.hk * 4), vb(g * c.hk * c.d * 4);
+  DevBuf ws(openvc::prepare_workspace_bytes(int(g), c.h, int(sk), false, /*v_bias=*/true));
+  CUDA_OK(cudaMemset(vb.p, 0xFF, vb.bytes));   // NaN: every value must be written
+  CUDA_OK(cudaMemset(ws.p, 0x5A, ws.bytes));   // the sums and counts must be zeroed by the preparation itself
   openvc::PrepareParams p;
   p.qk_format = c.fmt, p.heads = c.h, p.kv_heads = c.hk, p.head_dim = c.d;
   p.batch = c.b, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.q = a.q, p.k = a.k, p.v = a.v;
@@ -98,16 +99,16 @@ void prepare_v(const Case& c, const Device& dv, std::vector<float>* v_descale, s
   p.q_codes = qc.as<uint8_t>(), p.q_descale = qs.as<float>(), p.k_codes = kc.as<uint8_t>();
   p.k_descale = ks.as<float>(), p.v_packed = vp.as<uint8_t>(), p.v_descale = vs.as<float>();
   p.workspace = ws.p, p.workspace_bytes = ws.bytes;
-  p.v_residual_sums = rs.as<int64_t>();
+  p.v_bias = vb.as<float>();
   const openvc::Status st = openvc::prepare_fp8(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
   *v_descale = download<float>(vs.p, g * c.hk);
-  *sums = download<int64_t>(rs.p, g * c.hk * c.d);
+  *bias = download<float>(vb.p, g * c.hk * c.d);
 }
 
-// The reference's residual sums of V: each sequence's valid keys (a key count shortens it).
-std::vector<int64_t> reference_sums(const Case& c, const Device& dv) {
+// The reference's V bias: each sequence's valid keys (a key count shortens it).
+std::vector<float> reference_bias(const Case& c, const Device& dv) {
   openvc::reference::Sequences seqs;
   seqs.num_heads = c.hk, seqs.head_dim = c.d, seqs.cu_seqlens = {0};
   std::vector<float> v;
@@ -121,7 +122,7 @@ std::vector<int64_t> reference_sums(const Case& c, const Device& dv) {
   }
   openvc::reference::HeadQuantized vq;
   EXPECT_TRUE(openvc::reference::quantize_heads(v.data(), seqs, &vq).ok());
-  return vq.residual_sums;
+  return vq.bias;
 }
 
 int keys_of(const Case& c, int s) {
@@ -163,35 +164,33 @@ std::vector<Case> cases() {
   return out;
 }
 
-TEST(Sm90VBias, ResidualSumsEqualTheReference) {
+TEST(Sm90VBias, BiasEqualsTheReference) {
   if (!openvc::testing::missing_sm90().empty()) GTEST_SKIP() << openvc::testing::missing_sm90();
   int n = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(++n);
     Device dv(c, 100 + n);
-    std::vector<float> descale;
-    std::vector<int64_t> sums;
-    prepare_v(c, dv, &descale, &sums);
-    const std::vector<int64_t> ref = reference_sums(c, dv);
-    ASSERT_EQ(ref.size(), sums.size());
-    for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(ref[i], sums[i]) << "sum " << i;
+    std::vector<float> descale, bias;
+    prepare_v(c, dv, &descale, &bias);
+    const std::vector<float> ref = reference_bias(c, dv);
+    ASSERT_EQ(ref.size(), bias.size());
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(ref[i], bias[i]) << "bias " << i;   // NaN fails too
     bool nonzero = false;
-    for (int64_t x : sums) nonzero |= x != 0;
+    for (float x : bias) nonzero |= x != 0.0f;
     EXPECT_TRUE(nonzero);
   }
 }
 
-// With the correction, each output is the uncorrected one plus v_descale * sum * 2^-16 / keys (BF16 roundings of
-// both apart); rows that see no key stay 0.
+// With the correction, each output is the uncorrected one plus v_bias (BF16 roundings of both apart); rows that see
+// no key stay 0.
 TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
   if (!openvc::testing::missing_sm90().empty()) GTEST_SKIP() << openvc::testing::missing_sm90();
   int n = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(++n);
     Device dv(c, 200 + n);
-    std::vector<float> descale;
-    std::vector<int64_t> sums;
-    prepare_v(c, dv, &descale, &sums);
+    std::vector<float> descale, vbias;
+    prepare_v(c, dv, &descale, &vbias);
     const int64_t count = c.rows_q() * c.h * c.d;
     const std::vector<float> plain = run(call_of(c, dv, false), count);
     const std::vector<float> fixed = run(call_of(c, dv, true), count);
@@ -207,7 +206,7 @@ TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
           const bool sees_keys = keys > 0 && !(c.causal && r - r0 + (keys - rows) < 0);
           for (int e = 0; e < c.d; ++e) {
             const int64_t i = (r * c.h + h) * c.d + e;
-            const double bias = sees_keys ? double(descale[kvh]) * double(sums[kvh * c.d + e]) / 65536.0 / keys : 0.0;
+            const double bias = sees_keys ? double(vbias[kvh * c.d + e]) : 0.0;
             const float mag = std::max(std::max(std::fabs(plain[i]), std::fabs(fixed[i])), 1e-30f);
             const double tol = 2.0 * std::ldexp(1.0, std::ilogb(mag) - 7) + 1e-6;   // two BF16 steps
             ASSERT_NEAR(fixed[i], plain[i] + bias, tol + std::fabs(bias) * 1e-3) << "row " << r << " head " << h;
@@ -254,33 +253,44 @@ TEST(Sm90VBias, UniformAttentionGivesTheMeanOfV) {
 
 TEST(Sm90VBiasArgs, RefusedWhereItDoesNotApply) {
   if (!openvc::testing::missing_sm90().empty()) GTEST_SKIP() << openvc::testing::missing_sm90();
-  Case c;
-  Device dv(c, 3);
-  std::vector<float> descale;
-  std::vector<int64_t> sums;
-  prepare_v(c, dv, &descale, &sums);   // valid arrays for the calls below
-  DevBuf rs(sums.size() * 8 + 8);
+  const Case c;
+  DevBuf rs(size_t(c.nseq()) * c.hk * c.d * 4 + 16);
   // V block descales: refused naming the field.
   openvc::AttentionParams a;
-  a.in.v_residual_sums = rs.as<int64_t>();
+  a.in.v_bias = rs.as<float>();
   a.v_descale_per_block = true;
   a.in.batch = 1, a.in.seqlen_q = 128, a.in.seqlen_k = 128, a.in.heads = 1;
   openvc::Status st = openvc::attention_fp8(a, nullptr);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("v_residual_sums"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("v_bias"), std::string::npos) << st.message();
   // Misaligned.
   a.v_descale_per_block = false;
-  a.in.v_residual_sums = reinterpret_cast<const int64_t*>(rs.as<char>() + 4);
+  a.in.v_bias = reinterpret_cast<const float*>(rs.as<char>() + 4);
   st = openvc::attention_fp8(a, nullptr);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("v_residual_sums"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("v_bias"), std::string::npos) << st.message();
+  // Not written by a KV cache's preparation.
+  {
+    Device dv(c, 3);
+    openvc::AttentionCall call = call_of(c, dv, true);
+    DevBuf kc(c.rows_k() * c.hk * c.d), ks(c.nseq() * c.hk * 8 * 4), vp(c.nseq() * c.hk * c.d * 1024), vs(c.nseq() * c.hk * 4);
+    DevBuf ws(openvc::prepare_workspace_bytes(c.nseq(), c.h, c.sk, false, true));
+    openvc::PrepareParams p;
+    p.heads = c.h, p.head_dim = c.d, p.batch = c.b, p.seqlen_q = c.sq, p.seqlen_k = c.sk, p.k = call.k, p.v = call.v;
+    p.k_codes = kc.as<uint8_t>(), p.k_descale = ks.as<float>(), p.v_packed = vp.as<uint8_t>(), p.v_descale = vs.as<float>();
+    p.workspace = ws.p, p.workspace_bytes = ws.bytes, p.k_codes_rows = c.sk;
+    p.v_bias = rs.as<float>();
+    st = openvc::prepare_fp8(p, nullptr);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("v_bias"), std::string::npos) << st.message();
+  }
   // The general path has none.
   openvc::GeneralAttentionParams g;
-  g.in.v_residual_sums = rs.as<int64_t>();
+  g.in.v_bias = rs.as<float>();
   g.in.batch = 1, g.in.seqlen_q = 128, g.in.seqlen_k = 128, g.in.heads = 1;
   st = openvc::attention_general(g, nullptr);
   EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("v_residual_sums"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("v_bias"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ TEST(ReferenceVBias, NotWithRepairRowsOrBlockDescales) {
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("v_bias_correction"), std::string::npos) << st.message();
   opt.v_block_descale = nullptr;
-  in.v.residual_sums.clear();
+  in.v.bias.clear();
   EXPECT_FALSE(ref::attention_expcast(in, opt, &res).ok());
 }
 
