@@ -14,7 +14,7 @@ filter() { grep -vE "^\[ +(RUN|OK) +\]"; }
 LD_LIBRARY_PATH=/tmp/V timeout 60 $T --gtest_filter='Sm90VBias*' 2>&1 | filter > $OUT/tests_vbias.log
 echo "tests rc ${PIPESTATUS[0]}" >> $OUT/tests_vbias.log; tail -4 $OUT/tests_vbias.log
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-LD_LIBRARY_PATH=/tmp/V timeout 90 $san --tool memcheck --error-exitcode 9 $T --gtest_filter='Sm90VBias.Res*:Sm90VBias.Out*' > /tmp/memcheck.log 2>&1
+LD_LIBRARY_PATH=/tmp/V timeout 90 $san --tool memcheck --error-exitcode 9 $T --gtest_filter='Sm90VBias.Bias*:Sm90VBias.Out*' > /tmp/memcheck.log 2>&1
 echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' /tmp/memcheck.log | tail -1) $(grep -cE 'OK \]' /tmp/memcheck.log) ok" | tee $OUT/sanitizer_vbias.log
 grep -m20 -E "Invalid|FAILED|Failure" /tmp/memcheck.log >> $OUT/sanitizer_vbias.log
 LD_LIBRARY_PATH=/tmp/V timeout 130 $T --gtest_filter='-Sm90VBias*' 2>&1 | filter > $OUT/tests_all.log
