@@ -24,7 +24,8 @@ for s, h in ((4096, 7), (32760, 40)):
             tot = collections.defaultdict(float)
             for e in prof.events():
                 if e.device_type == torch.autograd.DeviceType.CUDA:
-                    tot[e.name.split("<")[0][:40] + ("<..,1>" if "Lb1EE" in e.name else "")] += e.device_time_total
+                    n = e.name.replace("void ", "").replace("openvc::", "").split("(")[0]
+                    tot[n[:70]] += e.device_time_total
             parts = ", ".join(f"{k_} {v_ / CALLS:.1f}" for k_, v_ in sorted(tot.items(), key=lambda x: -x[1]))
             print(f"S={s} H={h} {name}{'+vbias' if vb else ''}: total {sum(tot.values()) / CALLS:.1f} us | {parts}",
                   flush=True)
