@@ -386,7 +386,7 @@ TEST(PrepareInt8Args, AcceptedFormsAndWorkspace) {
   p.workspace_bytes = openvc::prepare_workspace_bytes(3, 2, 1000, false);
   openvc::Status st = openvc::prepare_fp8(p, nullptr);
   EXPECT_EQ(int(st.code()), int(openvc::StatusCode::kInvalidArgument)) << st.message();
-  EXPECT_NE(st.message().find("prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, true)"),
+  EXPECT_NE(st.message().find("prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing, v_bias) = (3, 2, 1000, true, false)"),
             std::string::npos)
       << st.message();
   EXPECT_EQ(st.message().find("qk_format"), std::string::npos) << st.message();

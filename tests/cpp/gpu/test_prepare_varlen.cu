@@ -351,10 +351,10 @@ TEST(PrepareVarlenArgs, RejectsBadParameters) {
   expect_invalid(p, "total_q and total_k");
   p = valid_packed_params();
   p.workspace_bytes = openvc::prepare_workspace_bytes(1, 2, 1000, false);  // sized for one sequence
-  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, false)");
+  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing, v_bias) = (3, 2, 1000, false, false)");
   p = valid_packed_params();
   p.k_smoothing = true;  // the smoothing workspace is larger
-  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing) = (3, 2, 1000, true)");
+  expect_invalid(p, "prepare_workspace_bytes(num_seqs, heads, max_seqlen_k, k_smoothing, v_bias) = (3, 2, 1000, true, false)");
   p = valid_packed_params();
   p.v.stride_seq = 2 * 128 + 4;
   expect_invalid(p, "v.stride_seq");

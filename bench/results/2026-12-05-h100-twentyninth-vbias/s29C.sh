@@ -26,11 +26,11 @@ tail -4 $OUT/check_pytest.log
   openvc-e4m3,openvc-e4m3+vbias,openvc-int8+smooth,openvc-int8+smooth+vbias,openvc-int8+smooth+exp2,openvc-int8+smooth+exp2+vbias \
   --speed-shape none --no-png --out $OUT/qk_vbias.json > $OUT/qk_vbias.log 2>&1; echo "qk rc $?" >> $OUT/qk_vbias.log)
 tail -12 $OUT/qk_vbias.md 2>/dev/null | head -12
-(cd /tmp && timeout 120 python3 $OLDPWD/bench/results/2026-12-05-h200-twentyninth/time_v_bias.py > $OUT/time_v_bias.log 2>&1)
+(cd /tmp && timeout 120 python3 $OLDPWD/bench/results/2026-12-05-h100-twentyninth-vbias/time_v_bias.py > $OUT/time_v_bias.log 2>&1)
 cat $OUT/time_v_bias.log | python3 -c "import sys, json; [print(r['shape'], {k: round(v, 4) for k, v in r['vbias_over_plain'].items()}) for r in map(json.loads, sys.stdin)]"
 python3 -m pip install -q --no-deps --target /tmp/M "$WM" > /dev/null 2>&1
 for i in 1 2; do
-  (cd /tmp && PYTHONPATH=/tmp/M timeout 40 python3 $OLDPWD/bench/results/2026-12-05-h200-twentyninth/time_v_bias.py --only-default | sed 's/^/M /')
-  (cd /tmp && timeout 40 python3 $OLDPWD/bench/results/2026-12-05-h200-twentyninth/time_v_bias.py --only-default | sed 's/^/V /')
+  (cd /tmp && PYTHONPATH=/tmp/M timeout 40 python3 $OLDPWD/bench/results/2026-12-05-h100-twentyninth-vbias/time_v_bias.py --only-default | sed 's/^/M /')
+  (cd /tmp && timeout 40 python3 $OLDPWD/bench/results/2026-12-05-h100-twentyninth-vbias/time_v_bias.py --only-default | sed 's/^/V /')
 done > $OUT/ab_default.log 2>&1
 grep -o '^[MV] .*"tflops": {[^}]*}' $OUT/ab_default.log | sed 's/"median_ms.*"tflops"/tflops/'
