@@ -128,7 +128,7 @@ def test_attention_runs_the_one_op_or_its_implementation(monkeypatch):
     schema's arguments in order; its CUDA implementation directly when eager."""
     from open_vc_attn.ops import call
     q, k, v = tensors(3)
-    args = (q, k, v, None, None, 0, 0, None, 0.5, True, 4, True, None, "int8", True, "exp2", None, None, 1)
+    args = (q, k, v, None, None, 0, 0, None, 0.5, True, 4, True, None, "int8", True, "exp2", None, None, 1, False)
     with RecordOps() as mode:
         call.attention(*args)
     assert [n for n, _ in mode.calls] == ["open_vc_attn::attention"]
