@@ -515,7 +515,9 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, kResidual ? Tile<D>::kMinCt
       for (int w8 = 0; w8 < TL::kWarps; ++w8) sum += warp_residuals[w8][threadIdx.x];
       atomicAdd(args.v_residual_sums + bh * D + threadIdx.x, static_cast<unsigned long long>(static_cast<long long>(sum)));
     }
-    finish_v_bias<D>(args, bh, span.len, amax);
+    // The keys this grid summed: a packed sequence longer than max_seqlen_k is cut to its blocks (as attention
+    // cuts it), so the count of arriving blocks and the divisor match them.
+    finish_v_bias<D>(args, bh, min(span.len, args.nblocks * kBlockTokens), amax);
   }
 
   // Phase 2: thread (g, w) owns dims 4w..4w+3 of the keys of 16-key group g. It gathers the 16 words

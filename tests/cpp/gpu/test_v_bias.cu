@@ -51,7 +51,20 @@ struct Device {
         out(c.rows_q() * c.h * c.d * 2), cu(c.cu_k.size() * 4 + 4), counts(c.counts.size() * 4 + 4) {
     hq = random_bf16(c.rows_q() * c.h * c.d, seed, q_scale, 0.0f, c.d);
     hk = random_bf16(c.rows_k() * c.hk * c.d, seed + 1, 1.0f, 0.0f, c.d);
-    hv = random_bf16(c.rows_k() * c.hk * c.d, seed + 2, 1.0f, 2.0f, c.d);   // channel offsets: a visible bias
+    // V: a constant per (sequence, K/V head, channel) off the E4M3 grid plus a little noise, so each channel's rounding
+    // errors share a sign and the bias is several BF16 steps of the output, different for every sequence and head.
+    std::mt19937 rng(seed + 2);
+    std::uniform_real_distribution<float> noise(-0.002f, 0.002f);
+    hv.resize(c.rows_k() * c.hk * c.d);
+    for (int64_t t = 0; t < c.rows_k(); ++t) {
+      int s = 0;
+      if (c.cu_k.empty()) s = int(t / c.sk);
+      else
+        while (s + 1 < int(c.cu_k.size()) - 1 && t >= c.cu_k[s + 1]) ++s;
+      for (int h = 0; h < c.hk; ++h)
+        for (int e = 0; e < c.d; ++e)
+          hv[(t * c.hk + h) * c.d + e] = __float2bfloat16(1.0f + 0.0123f * e + 0.37f * h + 0.11f * s + noise(rng));
+    }
     upload(q.p, hq), upload(k.p, hk), upload(v.p, hv);
     if (!c.cu_k.empty()) upload(cu.p, c.cu_k);
     if (!c.counts.empty()) upload(counts.p, c.counts);
@@ -195,7 +208,7 @@ TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
     const std::vector<float> plain = run(call_of(c, dv, false), count);
     const std::vector<float> fixed = run(call_of(c, dv, true), count);
     const int group = c.h / c.hk;
-    double moved = 0.0;
+    double moved = 0.0, seen = 0.0;
     for (int s = 0; s < c.nseq(); ++s) {
       const int64_t r0 = c.cu_k.empty() ? int64_t(s) * c.sq : c.cu_k[s];
       const int64_t rows = c.cu_k.empty() ? c.sq : c.cu_k[s + 1] - c.cu_k[s];
@@ -211,10 +224,12 @@ TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
             const double tol = 2.0 * std::ldexp(1.0, std::ilogb(mag) - 7) + 1e-6;   // two BF16 steps
             ASSERT_NEAR(fixed[i], plain[i] + bias, tol + std::fabs(bias) * 1e-3) << "row " << r << " head " << h;
             moved += std::fabs(bias);
+            seen += std::fabs(fixed[i] - plain[i]);
           }
         }
     }
     EXPECT_GT(moved, 0.0);
+    EXPECT_GT(seen, 0.5 * moved);   // the outputs did move by about the bias (a no-op epilogue moves nothing)
   }
 }
 
