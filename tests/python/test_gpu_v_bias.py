@@ -33,17 +33,21 @@ def exact(torch, q, k, v, causal=False):
 
 def expected_bias(torch, v, keys):
     """The bias per (batch entry, K/V head, channel) from its definition (numerics section 4): the mean over the first
-    `keys[b]` keys of (x - e4m3(x)) / scale_inv, x = v * scale_inv, scale_inv = 448 / max |v| of the entry and head
-    (torch's float8_e4m3fn cast rounds to nearest even; |x| <= 448). float64 [B, Hk, D]."""
-    b, sk, hk, d = v.shape
-    out = torch.zeros(b, hk, d, dtype=torch.float64, device=v.device)
+    `keys[b]` keys of (x - e4m3(x)) / scale_inv, x = fl(v * scale_inv), scale_inv = fl(448 / max |v|) of the entry and
+    head, e4m3 the library's round-to-nearest-even codes (open_vc_attn.reference; torch's float8 cast breaks exact
+    ties differently, and the constants below make ties). float64 [B, Hk, D]."""
+    import numpy as np
+    from open_vc_attn.reference import e4m3_decode, e4m3_encode
+    vf = v.float().cpu().numpy()
+    b, sk, hk, d = vf.shape
+    out = np.zeros((b, hk, d))
     for i in range(b):
-        vv = v[i, :keys[i]].float()
-        scale = 448.0 / vv.abs().amax(dim=(0, 2), keepdim=True)
-        x = vv * scale
-        r = (x - x.to(torch.float8_e4m3fn).float()).double()
-        out[i] = (r.mean(0) / scale[0].double())
-    return out
+        vv = vf[i, :keys[i]]
+        scale = (np.float32(448.0) / np.abs(vv).max(axis=(0, 2), keepdims=True)).astype(np.float32)
+        x = (vv * scale).astype(np.float32)
+        r = (x - e4m3_decode(e4m3_encode(x))).astype(np.float64)
+        out[i] = r.mean(0) / scale[0].astype(np.float64)
+    return torch.from_numpy(out).to(v.device)
 
 
 def test_uniform_attention_gives_the_mean_of_v():
