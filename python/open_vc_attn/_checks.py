@@ -49,8 +49,16 @@ def k_smoothing(x, name="k_smoothing") -> bool:
     return bool_arg(x, name)
 
 
-def v_bias_correction(x, name="v_bias_correction") -> bool:
-    return bool_arg(x, name)
+def v_bias_correction(x, fmt=None, blocks=False, name="v_bias_correction") -> bool:
+    """The correction's kernels are INT8 Q/K modes (ExpCast or exp2 P) without key block lists: fmt, the call's
+    checked Q/K format (None: the value only); blocks, whether the call has a block list."""
+    on = bool_arg(x, name)
+    if on and fmt is not None and fmt != "int8":
+        raise ValueError(f"{name}: the V rounding bias correction is built for qk_format='int8' calls (ExpCast or "
+                         f"exp2 P), got qk_format={fmt!r}")
+    if on and blocks:
+        raise ValueError(f"{name}: the V rounding bias correction does not combine with key block lists (block_mask)")
+    return on
 
 
 def lse_with_smoothing(return_lse, smoothing, name="k_smoothing"):

@@ -341,8 +341,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     the sequence's keys, the kernel adds their mean times V's descale). Exact where attention spreads evenly over
     the keys, it removes the part of V's rounding error that diffuse attention averages into a bias (on N(0,1)
     inputs, S = 4096, the CPU emulation of INT8 + K smoothing gives 3.81% rel L2 instead of 4.15%; sharp attention
-    is unchanged). Either Q/K and P format, every fast-path call form; a call the general path would take raises
-    ValueError naming v_bias_correction. The BF16 reference checks and ignores it.
+    is unchanged). qk_format="int8" (ExpCast or exp2 P) in every fast-path call form but key block lists; E4M3 Q/K,
+    a block_mask or a call the general path would take raise ValueError naming v_bias_correction. The BF16 reference
+    checks and ignores it.
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)
@@ -354,6 +355,7 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
         fmt = _checks.qk_format(qk_format)
         _checks.k_smoothing(k_smoothing)
         _checks.p_format(p_format, fmt)
+        _checks.v_bias_correction(v_bias_correction, fmt)
     opts = (scale, causal, mid, want_lse, out_dtype, qk_format, k_smoothing, p_format)
     if reference and _checks.causal_chunk(causal_chunk, causal) != 1:
         raise ValueError("causal_chunk: the BF16 reference (version='reference') takes plain causal only (1)")

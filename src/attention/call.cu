@@ -126,6 +126,12 @@ Status validate_sizes(const AttentionCall& c) {
     return invalid("p_format", "must be kExpCast or kExp2");
   if (c.p_format == PFormat::kExp2 && c.qk_format != QkFormat::kInt8)
     return invalid("p_format", "kExp2 needs qk_format kInt8");
+  // kVBiasMode's instantiations (src/attention/sm90/mode.h)
+  if (c.v_bias_correction && c.qk_format != QkFormat::kInt8)
+    return Status::Unsupported("attention: call.v_bias_correction is built for qk_format kInt8 calls (ExpCast or exp2 "
+                               "P), got kE4M3");
+  if (c.v_bias_correction && has_block_list(c.blocks))
+    return Status::Unsupported("attention: call.v_bias_correction does not combine with key block lists (call.blocks)");
   return Status::Ok();
 }
 
@@ -171,8 +177,6 @@ Status attention_path(const AttentionCall& c, int device, AttentionPath* path, s
                                "take this call: " + why);
   if (!why.empty() && c.p_format == PFormat::kExp2)
     return Status::Unsupported("attention: call.p_format kExp2 runs on the sm_90a fast path only: " + why);
-  if (!why.empty() && c.v_bias_correction)
-    return Status::Unsupported("attention: call.v_bias_correction runs on the sm_90a fast path only: " + why);
   return Status::Ok();
 }
 

@@ -404,20 +404,22 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
 // (D = 64: 2-way on the reads, its rows being only 16 words wide).
 // kCache: V read in two parts and, with CacheArgs::v_descale_blocks, one V descale per block (the head's, at
 // each of the call's blocks: a KV cache's per-block layout); sk_pad is then the cache's slots per row.
-// The last of a sequence's blocks to add its residual sums (a count per (batch, head); the threadfence orders each
-// block's atomics before its count) writes v_bias = (float)(v_descale * R * 2^-16 / keys), in double, for every channel.
+// The last of a sequence's blocks to add its residual sums (a count per (batch, head)) writes
+// v_bias = (float)(v_descale * R * 2^-16 / keys), in double, for every channel. One thread fences: the barrier
+// orders the block's sum atomics before its fence (PTX fences are cumulative), the fence before the count (release),
+// and in the last block the count before the fence and the barrier before the sums' reads (acquire).
 template <int D>
 __device__ __forceinline__ void finish_v_bias(const VArgs& args, int64_t bh, int keys, float amax) {
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     const int blocks = (keys + kBlockTokens - 1) / kBlockTokens;
+    __threadfence();
     last = atomicAdd(args.v_arrivals + bh, 1u) == static_cast<unsigned>(blocks - 1);
+    __threadfence();
   }
   __syncthreads();
   if (!last || threadIdx.x >= D) return;
-  __threadfence();
   const long long r = static_cast<long long>(atomicAdd(args.v_residual_sums + bh * D + threadIdx.x, 0ull));
   args.v_bias[bh * D + threadIdx.x] =
       static_cast<float>(static_cast<double>(descale_of(amax)) * static_cast<double>(r) * (1.0 / 65536.0) /

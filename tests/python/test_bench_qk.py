@@ -58,7 +58,9 @@ def test_modes_int8_case_is_issue25_shapes():
     assert got == [(73397, 7, 128, False), (73397, 56, 128, False), (32760, 40, 128, False),
                    (32768, 7, 128, True), (24576, 32, 64, False)]
     assert all(c["kind"] == "qk" for _, c in cases)
-    assert set(modes.QK_FORMATS) == {"e4m3", "int8", "int8+smooth", "int8+smooth+exp2"}
+    assert set(modes.QK_FORMATS) == {"e4m3", "int8", "int8+smooth", "int8+smooth+exp2", "int8+smooth+exp2+vbias"}
+    assert modes.QK_FORMATS["int8+smooth+exp2+vbias"] == {"qk_format": "int8", "k_smoothing": True,
+                                                          "p_format": "exp2", "v_bias_correction": True}
     assert modes.QK_FORMATS["int8+smooth"] == {"qk_format": "int8", "k_smoothing": True}
     assert modes.QK_FORMATS["int8+smooth+exp2"] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
 
@@ -111,6 +113,9 @@ def test_modes_exp2_pairing():
         assert modes.counterpart(f"openvc-int8+smooth+exp2{form}") == f"openvc-e4m3{form}"
         assert modes.expcast_counterpart(f"openvc-int8+smooth+exp2{form}") == f"openvc-int8+smooth{form}"
     assert modes.expcast_counterpart("openvc-int8+smooth") is None and modes.expcast_counterpart("sage2") is None
+    # the V-bias-corrected entry: against E4M3 and its uncorrected twin
+    assert modes.counterpart("openvc-int8+smooth+exp2+vbias-eager") == "openvc-e4m3-eager"
+    assert modes.expcast_counterpart("openvc-int8+smooth+exp2+vbias-eager") == "openvc-int8+smooth+exp2-eager"
     samples = {"openvc-int8+smooth+exp2": [2.0, 2.0], "openvc-int8+smooth": [1.0, 2.0], "openvc-e4m3": [1.0, 1.0],
                "sage2": [4.0, 4.0]}
     t = modes.paired_table(samples)
@@ -122,8 +127,10 @@ def test_modes_exp2_pairing():
 
 def _fake_ova(calls, with_p_format=True):
     """A stand-in for open_vc_attn recording the keyword arguments of its calls."""
-    def attention(q, k, v, *, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-        calls.append(("attention", dict(qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)))
+    def attention(q, k, v, *, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast",
+                  v_bias_correction=False):
+        kw = dict(qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
+        calls.append(("attention", dict(kw, v_bias_correction=True) if v_bias_correction else kw))
 
     def old_attention(q, k, v, *, causal=False, qk_format="e4m3", k_smoothing=False):
         calls.append(("attention", dict(qk_format=qk_format, k_smoothing=k_smoothing)))
@@ -188,7 +195,12 @@ def test_modes_int8_case_entries_exp2(monkeypatch):
     assert calls == [("attention", exp2), ("attention", exp2),
                      ("attention_fp8", {"prepared": ("int8", True), "p_format": "exp2"}),
                      ("attention_fp8", {"prepared": ("int8", True), "p_format": "expcast"})]
-    assert not any(k.startswith("openvc") for k in skipped)
+    # the corrected entries: complete calls only
+    assert "openvc-int8+smooth+exp2+vbias-eager" in entries and "openvc-int8+smooth+exp2+vbias-kernel" not in entries
+    assert [k for k in skipped if k.startswith("openvc")] == ["openvc-int8+smooth+exp2+vbias-kernel"]
+    calls.clear()
+    entries["openvc-int8+smooth+exp2+vbias"]()
+    assert calls == [("attention", dict(exp2, v_bias_correction=True))]
     # a build without PFormat: the exp2 entries are left out with the reason, the others stay
     monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace())
     entries, _, skipped = modes._qk_entries(None, _fake_ova([]), 1, 256, 2)

@@ -1,8 +1,8 @@
 """The V rounding bias correction on the GPU (open_vc_attn.attention(..., v_bias_correction=True); numerics section 4,
-"V rounding bias"): with uniform attention (q = 0) the corrected output is the mean of V's keys, which the uncorrected
-one misses; in every fast call form (dense, causal, packed uneven with an empty sequence, key counts, head dim 64,
-INT8 with K smoothing, exp2 P, GQA) it moves each output by at most a few V rounding steps over sqrt(keys) and
-keeps rows without keys at 0; the error against exact FP64 attention of N(0,1) inputs goes down; CUDA graph replay
+"V rounding bias"; INT8 Q/K calls): with uniform attention (q = 0) the corrected output is the mean of V's keys,
+which the uncorrected one misses; in every fast call form (dense, causal, chunked causal, packed uneven with an empty
+sequence, key counts, head dim 64, K smoothing, exp2 P, GQA) it moves each output by V's mean rounding error per
+channel and keeps rows without keys at 0; E4M3 and block lists refused; the error against exact FP64 attention of N(0,1) inputs goes down; CUDA graph replay
 and torch.compile(fullgraph=True). Tests marked `gpu` (conftest.py skips them without an sm_90 device). On an H200:
 python3 -m pytest -q -rs tests/python/test_gpu_v_bias.py
 """
@@ -60,8 +60,8 @@ def test_uniform_attention_gives_the_mean_of_v():
     v = (1.0 + 0.0123 * torch.arange(d, device="cuda") + 0.002 * torch.randn(b, s, h, d, device="cuda",
                                                                                generator=g)).to(torch.bfloat16)
     mean = v.double().mean(1, keepdim=True).expand(b, 200, h, d)
-    plain = ova.attention(q, k, v).double()
-    fixed = ova.attention(q, k, v, v_bias_correction=True).double()
+    plain = ova.attention(q, k, v, qk_format="int8").double()
+    fixed = ova.attention(q, k, v, qk_format="int8", v_bias_correction=True).double()
     err_plain = ((plain - mean).norm() / mean.norm()).item()
     err_fixed = ((fixed - mean).norm() / mean.norm()).item()
     assert err_fixed < 4e-3, err_fixed          # BF16 output rounding and the FP8 tensor-core sums
@@ -71,11 +71,13 @@ def test_uniform_attention_gives_the_mean_of_v():
 CASES = [
     dict(),
     dict(causal=True),
+    dict(causal=True, causal_chunk=64, p_format="exp2"),
     dict(d=64),
-    dict(qk_format="int8", k_smoothing=True),
-    dict(qk_format="int8", k_smoothing=True, p_format="exp2", causal=True),
+    dict(d=64, p_format="exp2", causal=True),
+    dict(k_smoothing=True),
+    dict(k_smoothing=True, p_format="exp2"),
     dict(hk=2),
-    dict(key_counts=True),
+    dict(key_counts=True, p_format="exp2"),
 ]
 
 
@@ -92,7 +94,7 @@ def test_every_form_moves_outputs_by_the_bias_only(case):
     base = (1.0 + 0.0123 * torch.arange(d, device="cuda") + 0.37 * torch.arange(hk, device="cuda")[:, None]
             + 0.11 * torch.arange(b, device="cuda")[:, None, None])
     v = (base[:, None] + 0.002 * torch.randn(b, sk, hk, d, device="cuda", generator=g)).to(torch.bfloat16)
-    kw = dict(case)
+    kw = dict(case, qk_format="int8")
     keys = [sk, 333] if counts else [sk, sk]
     if counts:
         kw["seqused_k"] = torch.tensor(keys, dtype=torch.int32, device="cuda")
@@ -117,7 +119,7 @@ def test_error_against_exact_attention_goes_down():
     g = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (randn(torch, g, 1, 4096, 4, 128) for _ in range(3))
     ref = exact(torch, q, k, v)
-    for kw in (dict(), dict(qk_format="int8", k_smoothing=True)):
+    for kw in (dict(qk_format="int8"), dict(qk_format="int8", k_smoothing=True, p_format="exp2")):
         e_plain = ((ova.attention(q, k, v, **kw).double() - ref).norm() / ref.norm()).item()
         e_fixed = ((ova.attention(q, k, v, v_bias_correction=True, **kw).double() - ref).norm() / ref.norm()).item()
         assert e_fixed < 0.97 * e_plain, (kw, e_fixed, e_plain)
@@ -130,7 +132,7 @@ def test_packed_rows_without_keys_stay_zero():
     q, k, v = (randn(torch, g, 1153, 4, 128) for _ in range(3))
     cu_k = torch.tensor([0, 0, 0, 1153], dtype=torch.int32, device="cuda")   # the first sequence has no keys
     out = ova.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, max_seqlen_q=893, max_seqlen_k=1153,
-                        v_bias_correction=True)
+                        qk_format="int8", v_bias_correction=True)
     assert torch.equal(out[:260].float(), torch.zeros_like(out[:260].float()))
     assert torch.isfinite(out).all()
 
@@ -148,3 +150,17 @@ def test_graph_replay_and_compile():
     q, k, v = make()
     compiled = torch.compile(fn, fullgraph=True)
     assert torch.equal(compiled(q, k, v), fn(q, k, v))
+
+
+def test_e4m3_and_block_lists_are_refused_naming_it():
+    """The correction's kernels are INT8 modes without key block lists (mode.h): E4M3 Q/K and key block lists raise
+    ValueError naming v_bias_correction."""
+    import torch
+    q = torch.zeros(1, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="v_bias_correction.*qk_format='int8'"):
+        ova.attention(q, q, q, v_bias_correction=True)
+    counts = torch.ones(1, 2, 2, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(1, 2, 2, 2, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="v_bias_correction.*block"):
+        ova.ops.call.attention(q, q, q, None, None, 0, 0, None, 0.0, False, 4, False, None, "int8", False, "expcast",
+                               counts, indices, 1, True)

@@ -70,8 +70,11 @@ DEFAULT_CASES = ("dense", "packed", "padded", "causal", "d64")
 # k_smoothing are also prepare_fp8's; p_format is an attention option (attention, attention_fp8) only.
 QK_FORMATS = {"e4m3": {"qk_format": "e4m3"}, "int8": {"qk_format": "int8"},
               "int8+smooth": {"qk_format": "int8", "k_smoothing": True},
-              "int8+smooth+exp2": {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}}
+              "int8+smooth+exp2": {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"},
+              "int8+smooth+exp2+vbias": {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2",
+                                         "v_bias_correction": True}}
 ATTENTION_ONLY = ("p_format",)   # keyword arguments of QK_FORMATS that prepare_fp8 does not take
+CALL_ONLY = ("v_bias_correction",)   # options of the complete call alone (no kernel-on-a-prepared-input entry)
 PEERS = ("sage2", "fa3-fp8", "fa3-bf16", "cudnn-bf16")
 
 
@@ -278,13 +281,19 @@ def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
         if p_why is not None and any(a in kw for a in ATTENTION_ONLY):
             skipped[f"openvc-{label}"] = p_why
             continue
-        prep_kw = {a: x for a, x in kw.items() if a not in ATTENTION_ONLY}
+        if any(a in kw and a not in inspect.signature(ova.attention).parameters for a in CALL_ONLY):
+            skipped[f"openvc-{label}"] = "open_vc_attn.attention takes no v_bias_correction (not in this build)"
+            continue
+        prep_kw = {a: x for a, x in kw.items() if a not in ATTENTION_ONLY + CALL_ONLY}
         attn_kw = {a: x for a, x in kw.items() if a in ATTENTION_ONLY}
 
         def call(kw=kw):
             return ova.attention(q, k, v, causal=causal, **kw)
         entries[f"openvc-{label}"] = call
         entries[f"openvc-{label}-eager"] = Eager(call)
+        if any(a in kw for a in CALL_ONLY):
+            skipped[f"openvc-{label}-kernel"] = "the V bias correction is an option of the complete call only"
+            continue
         try:
             prepared = ova.prepare_fp8(q, k, v, **prep_kw)
             entries[f"openvc-{label}-kernel"] = (lambda p=prepared, a=attn_kw: ova.attention_fp8(p, causal=causal,
@@ -414,14 +423,17 @@ def _build_case(torch, ova, spec):
 
 def counterpart(entry):
     """The E4M3 entry an INT8 openvc entry is paired with (same call form), or None."""
-    for label in ("int8+smooth+exp2", "int8+smooth", "int8"):
+    for label in ("int8+smooth+exp2+vbias", "int8+smooth+exp2", "int8+smooth", "int8"):
         if entry.startswith(f"openvc-{label}"):
             return "openvc-e4m3" + entry[len(f"openvc-{label}"):]
     return None
 
 
 def expcast_counterpart(entry):
-    """The ExpCast entry an exp2 openvc entry is also paired with (same formats and call form), or None."""
+    """The entry an exp2 openvc entry is also paired with (same formats and call form): its ExpCast twin, or for a
+    V-bias-corrected entry its uncorrected twin; else None."""
+    if entry.startswith("openvc-int8+smooth+exp2+vbias"):
+        return "openvc-int8+smooth+exp2" + entry[len("openvc-int8+smooth+exp2+vbias"):]
     if entry.startswith("openvc-int8+smooth+exp2"):
         return "openvc-int8+smooth" + entry[len("openvc-int8+smooth+exp2"):]
     return None

@@ -2,8 +2,8 @@
 
 Methods: openvc with Q/K in E4M3, E4M3 + K smoothing, INT8, INT8 + K smoothing (``attention(q, k, v,
 qk_format=..., k_smoothing=...)``, the complete call: preparation + attention), and INT8 + K smoothing with
-P = the E4M3 rounding of the exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``), and the E4M3,
-INT8 + smoothing and exp2 methods with the V rounding bias correction (``v_bias_correction=True``, ``...+vbias``);
+P = the E4M3 rounding of the exponential (``p_format="exp2"``, method ``openvc-int8+smooth+exp2``), and the INT8 +
+smoothing and exp2 methods with the V rounding bias correction (``v_bias_correction=True``, ``...+vbias``);
 SageAttention2
 (``sageattn(q, k, v, tensor_layout="NHD")``, INT8 Q/K per thread with K smoothing, FP8 PV); FlashAttention-3
 FP8 with per-(batch, head) descales (quantization included in the complete call; the kernel alone is timed
@@ -49,8 +49,6 @@ METHODS = {
     "openvc-int8+smooth": ("openvc INT8 Q/K + K smoothing", "openvc", {"qk_format": "int8", "k_smoothing": True}),
     "openvc-int8+smooth+exp2": ("openvc INT8 Q/K + K smoothing, exp2 P", "openvc",
                                 {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}),
-    "openvc-e4m3+vbias": ("openvc E4M3 Q/K, V bias correction", "openvc",
-                          {"qk_format": "e4m3", "v_bias_correction": True}),
     "openvc-int8+smooth+vbias": ("openvc INT8 Q/K + K smoothing, V bias correction", "openvc",
                                  {"qk_format": "int8", "k_smoothing": True, "v_bias_correction": True}),
     "openvc-int8+smooth+exp2+vbias": ("openvc INT8 Q/K + K smoothing, exp2 P, V bias correction", "openvc",

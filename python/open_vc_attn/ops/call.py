@@ -15,8 +15,8 @@ block lists (block-sparse attention, batched calls on the fast path; open_vc_att
 layout, contiguous; docs/block_sparse.md). causal_chunk: chunked causal (with causal; numerics section 5).
 k and v may hold Hk heads, a divisor of q's H (GQA/MQA: ``[B, Sk, Hk, D]`` / ``[total_k, Hk, D]``,
 AttentionCall::kv_heads), on the fast path only: a call the general path would take raises ValueError naming k.
-v_bias_correction: V's mean rounding error added back per channel (numerics section 4, "V rounding bias"), on the
-fast path only (ValueError naming v_bias_correction where the general path would take the call).
+v_bias_correction: V's mean rounding error added back per channel (numerics section 4, "V rounding bias"), with
+qk_format "int8" and without key block lists (ValueError naming v_bias_correction otherwise).
 
 Python allocates the outputs and the workspace and fills the call's struct; the argument rules that need
 torch (dtypes, devices, ranks, alignment) run here, the rest in C++. :func:`open_vc_attn.api.attention`
@@ -55,9 +55,8 @@ def _check(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, qk_format, k_smoothing,
         reason = _checks.general_path_reason(int(q.shape[-1]), int(q.shape[1]), int(k.shape[1]))
     _checks.require_fast_path(fmt, reason)
     _gqa.require_fast_path(int(q.shape[-2]), int(k.shape[-2]), reason)   # C++ would answer Unsupported
-    if _checks.v_bias_correction(v_bias_correction) and reason is not None:
-        raise ValueError("v_bias_correction: the V rounding bias correction runs on the sm_90a fast path only, which "
-                         f"does not take this call ({reason})")
+    # INT8 only, so the fast path only (require_fast_path above)
+    _checks.v_bias_correction(v_bias_correction, fmt, blocks[0] is not None or blocks[1] is not None)
     if reason is not None:   # C++ takes the general path there, whose grid bounds batches and heads
         _checks.check_general_grid(groups, int(q.shape[-2]), ("cu_seqlens_q" if packed else "q", "q"), packed)
     _checks.check_seqused_k(seqused_k, groups, q.device, "sequences" if packed else "batch entries")

@@ -104,10 +104,10 @@ __device__ __forceinline__ void store_output(const ConsumerState<ModeConfig<kMod
   float s_lo = __fdividef(dv, l_lo), s_hi = __fdividef(dv, l_hi);
   if (kEmptyRows) s_lo = l_lo > 0.0f ? s_lo : 0.0f, s_hi = l_hi > 0.0f ? s_hi : 0.0f;
   auto o_val = [&](int i) { return kNoKeys ? 0.0f : st.o[i]; };
-  // V rounding bias (numerics section 4): v_bias per channel on rows that saw a key. A uniform branch per tile;
-  // without it the outputs are the products alone (no +0 that would turn -0 into +0).
-  const bool bias = !kVc && !kNoKeys && p.v_bias != nullptr;
-  const float* vb = p.v_bias + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * C::kHeadDim;
+  // V rounding bias (kVBiasMode, numerics section 4): v_bias per channel on rows that saw a key. Its own
+  // instantiations, so that the other modes keep their epilogue (and -0 outputs stay -0 there).
+  constexpr bool bias = has_mode<kMode>(kVBiasMode) && !kVc && !kNoKeys;
+  const float* vb = bias ? p.v_bias + (int64_t(c.b) * p.kv_heads + kv_head(p, c.h)) * C::kHeadDim : nullptr;
   const bool b_lo = !kEmptyRows || l_lo > 0.0f, b_hi = !kEmptyRows || l_hi > 0.0f;
   auto bias_pair = [&](int j) { return __ldg(reinterpret_cast<const float2*>(vb + 8 * j + 2 * t)); };
   auto out_val = [&](float o, float wc, float scale, float bv, bool row_bias) {

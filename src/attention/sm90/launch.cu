@@ -196,9 +196,16 @@ Status validate_form(const AttentionParams& p, bool vc) {
                                 p.p_format == PFormat::kExp2 || in.head_dim != 128))
     return Status::Unsupported("v_descale_per_block: V block descales take head_dim 128 and ExpCast P, without "
                                "causal, repair rows, the VC mode or key block lists");
-  if (in.v_bias != nullptr && (p.repair.rows > 0 || vc || p.v_descale_per_block))
+  if (in.v_bias != nullptr && (p.repair.rows > 0 || vc || p.v_descale_per_block || has_block_list(p.blocks)))
     return Status::Unsupported(std::string("in.v_bias: the V rounding bias correction does not combine with ") +
-                               (vc ? "the VC mode" : p.repair.rows > 0 ? "repair rows" : "V block descales"));
+                               (vc                    ? "the VC mode"
+                                : p.repair.rows > 0   ? "repair rows"
+                                : p.v_descale_per_block ? "V block descales"
+                                                      : "key block lists"));
+  // kVBiasMode's instantiations (mode.h)
+  if (in.v_bias != nullptr && in.qk_format != QkFormat::kInt8)
+    return Status::Unsupported("in.v_bias: the V rounding bias correction is built for in.qk_format kInt8 (ExpCast "
+                               "or exp2 P; plain, causal, cu_seqlens, seqused_k, head dim 64), got kE4M3");
   if (in.v_bias != nullptr && !aligned(in.v_bias, 8))
     return Status::Invalid("in.v_bias must be 8-byte aligned (the epilogue reads channel pairs)");
   if ((varlen || p.causal) && (p.repair.rows > 0 || vc))
@@ -400,7 +407,7 @@ Status plan_attention(const AttentionParams& params, const VcModeInputs* vc, Lau
                  (params.p_format == PFormat::kExp2 ? kExp2PMode : kPlainMode) |
                  (has_block_list(params.blocks) ? kBlockListMode : kPlainMode) |
                  (params.v_descale_per_block ? kVBlockDescaleMode : kPlainMode) |
-                 (fused_q ? kFusedQMode : kPlainMode);
+                 (fused_q ? kFusedQMode : kPlainMode) | (in.v_bias != nullptr ? kVBiasMode : kPlainMode);
   // Few key blocks per tile (config.h, kFewKeyBlocks / kFewKeyBlocksFusedQ): the plain and fused-Q modes' ping-pong
   // twin.
   if ((pl.mode == kPlainMode && nk <= kFewKeyBlocks) || (pl.mode == kFusedQMode && nk <= kFewKeyBlocksFusedQ))

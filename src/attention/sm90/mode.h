@@ -75,6 +75,10 @@ enum Mode : int {
   // instead of whole tiles, a cut tile's two parts folded through the call's workspace, so that the call ends with
   // every SM busy (S = 4,096, H = 7: 224 tiles on 132 SMs left 40 SMs idle through the second wave).
   kSplitTilesMode = 4096,
+  // V rounding bias correction (Fp8Inputs::v_bias, numerics section 4, "V rounding bias"): the epilogue adds the
+  // sequence's per-channel mean V rounding residual to every row that saw a key. Its own instantiations so that the
+  // other modes keep their epilogue: INT8 Q/K (ExpCast or exp2 P), plain, causal, chunked causal, varlen, head dim 64.
+  kVBiasMode = 8192,
 };
 
 // The one list of production modes (every Mode combination the library builds and launches). Adding
@@ -136,6 +140,30 @@ inline constexpr int kProductionModes[] = {
     kFusedQMode | kVarlenMode | kHeadDim64Mode | kCausalMode,
     kSplitTilesMode | kFusedQMode,
     kSplitTilesMode | kFewKeysMode | kFusedQMode,
+    kVBiasMode | kInt8QkMode,
+    kVBiasMode | kInt8QkMode | kCausalMode,
+    kVBiasMode | kInt8QkMode | kVarlenMode,
+    kVBiasMode | kInt8QkMode | kVarlenMode | kCausalMode,
+    kVBiasMode | kInt8QkMode | kHeadDim64Mode,
+    kVBiasMode | kInt8QkMode | kHeadDim64Mode | kCausalMode,
+    kVBiasMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kVBiasMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kInt8QkMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kInt8QkMode | kVarlenMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kInt8QkMode | kHeadDim64Mode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kCausalMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kVarlenMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kVarlenMode | kCausalMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kCausalMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
+    kVBiasMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode | kCausalMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kVarlenMode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode,
+    kVBiasMode | kChunkedCausalMode | kCausalMode | kExp2PMode | kInt8QkMode | kHeadDim64Mode | kVarlenMode,
 };
 inline constexpr int kNumProductionModes = int(sizeof(kProductionModes) / sizeof(kProductionModes[0]));
 
@@ -170,7 +198,7 @@ inline std::string mode_name(int mode) {
       {kHeadDim64Mode, "head_dim64"}, {kInt8QkMode, "int8"},
       {kExp2PMode, "exp2"}, {kBlockListMode, "block_list"}, {kVBlockDescaleMode, "v_block_descale"},
       {kChunkedCausalMode, "chunked"}, {kFusedQMode, "fused_q"},
-      {kFewKeysMode, "few_keys"}, {kSplitTilesMode, "split"}};
+      {kFewKeysMode, "few_keys"}, {kSplitTilesMode, "split"}, {kVBiasMode, "v_bias"}};
   std::string s;
   for (const auto& b : kBits)
     if (mode & b.bit) s += (s.empty() ? "" : "|") + std::string(b.name), mode &= ~b.bit;

@@ -1,8 +1,9 @@
 // The V rounding bias correction (numerics section 4, "V rounding bias"): prepare_fp8's v_bias equals the
 // reference's bit for bit (batched, packed uneven with an empty sequence, key counts, grouped K/V heads, head dim 64
-// and 128, either Q/K format; the workspace and output poisoned first); the one call with the correction writes the
-// call without it plus v_bias per channel (rows that see no key stay 0), and with uniform attention (q = 0) it gives
-// the mean of V, which the uncorrected call misses by V's mean rounding error; the argument rules.
+// and 128, either Q/K format; the workspace and output poisoned first); the one call with the correction (INT8 Q/K,
+// ExpCast or exp2 P, plain, causal, chunked causal, packed, key counts, head dim 64) writes the call without it plus
+// v_bias per channel (rows that see no key stay 0), and with uniform attention (q = 0) it gives the mean of V, which the
+// uncorrected call misses by V's mean rounding error; the argument rules (E4M3 calls refused).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -26,8 +27,10 @@ struct Case {
   int b = 2, sq = 300, sk = 700, h = 4, hk = 4, d = 128;
   std::vector<int> cu_k;     // packed key offsets (empty: batched); queries then use the same offsets
   std::vector<int> counts;   // key counts (empty: none)
-  openvc::QkFormat fmt = openvc::QkFormat::kE4M3;
+  openvc::QkFormat fmt = openvc::QkFormat::kInt8;   // the correction's kernels are INT8 modes (mode.h)
+  bool exp2 = false;         // p_format kExp2
   bool causal = false;
+  int chunk = 1;             // causal_chunk
   int nseq() const { return cu_k.empty() ? b : int(cu_k.size()) - 1; }
   int64_t rows_k() const { return cu_k.empty() ? int64_t(b) * sk : cu_k.back(); }
   int64_t rows_q() const { return cu_k.empty() ? int64_t(b) * sq : cu_k.back(); }
@@ -74,6 +77,7 @@ struct Device {
 openvc::AttentionCall call_of(const Case& c, const Device& dv, bool correction) {
   openvc::AttentionCall a;
   a.heads = c.h, a.kv_heads = c.hk, a.head_dim = c.d, a.qk_format = c.fmt, a.causal = c.causal;
+  a.p_format = c.exp2 ? openvc::PFormat::kExp2 : openvc::PFormat::kExpCast, a.causal_chunk = c.chunk;
   a.batch = c.b, a.seqlen_q = c.sq, a.seqlen_k = c.sk;
   a.q = {dv.q.p, int64_t(c.sq) * c.h * c.d, int64_t(c.h) * c.d, c.d};
   a.k = {dv.k.p, int64_t(c.sk) * c.hk * c.d, int64_t(c.hk) * c.d, c.d};
@@ -160,20 +164,29 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   out.push_back(Case{});
   Case d64;
-  d64.d = 64, d64.sk = 513;
+  d64.d = 64, d64.sk = 513, d64.exp2 = true;
   out.push_back(d64);
-  Case int8;
-  int8.fmt = openvc::QkFormat::kInt8, int8.causal = true;
-  out.push_back(int8);
+  Case causal;
+  causal.causal = true;
+  out.push_back(causal);
+  Case chunked;
+  chunked.causal = true, chunked.chunk = 96, chunked.exp2 = true;
+  out.push_back(chunked);
   Case gqa;
-  gqa.h = 6, gqa.hk = 2, gqa.sk = 1000;
+  gqa.h = 6, gqa.hk = 2, gqa.sk = 1000, gqa.exp2 = true;
   out.push_back(gqa);
   Case packed;
   packed.cu_k = {0, 260, 260, 1153, 1201}, packed.sk = 893, packed.causal = true;
   out.push_back(packed);
+  Case packed64;
+  packed64.cu_k = {0, 700, 701, 1500}, packed64.sk = 799, packed64.d = 64, packed64.exp2 = true;
+  out.push_back(packed64);
   Case counts;
   counts.counts = {650, 37};
   out.push_back(counts);
+  Case e4m3;   // the preparation's bias does not depend on the Q/K format
+  e4m3.fmt = openvc::QkFormat::kE4M3;
+  out.push_back(e4m3);
   return out;
 }
 
@@ -201,6 +214,7 @@ TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
   int n = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(++n);
+    if (c.fmt != openvc::QkFormat::kInt8) continue;   // refused below (Sm90VBiasArgs)
     Device dv(c, 200 + n);
     std::vector<float> descale, vbias;
     prepare_v(c, dv, &descale, &vbias);
@@ -298,6 +312,22 @@ TEST(Sm90VBiasArgs, RefusedWhereItDoesNotApply) {
     st = openvc::prepare_fp8(p, nullptr);
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.message().find("v_bias"), std::string::npos) << st.message();
+  }
+  // E4M3 Q/K: no kernel has the correction (mode.h), refused naming the field; the one call names its own.
+  a.in.v_bias = rs.as<float>();
+  a.in.qk_format = openvc::QkFormat::kE4M3;
+  st = openvc::attention_fp8(a, nullptr);
+  EXPECT_EQ(st.code(), openvc::StatusCode::kUnsupported) << st.message();
+  EXPECT_NE(st.message().find("in.v_bias"), std::string::npos) << st.message();
+  {
+    Case e;
+    e.fmt = openvc::QkFormat::kE4M3;
+    Device dv(e, 4);
+    const openvc::AttentionCall call = call_of(e, dv, true);
+    DevBuf ws(openvc::attention_workspace_bytes(call));
+    st = openvc::attention(call, ws.p, ws.bytes, nullptr);
+    EXPECT_EQ(st.code(), openvc::StatusCode::kUnsupported) << st.message();
+    EXPECT_NE(st.message().find("v_bias_correction"), std::string::npos) << st.message();
   }
   // The general path has none.
   openvc::GeneralAttentionParams g;
