@@ -63,8 +63,9 @@ struct Fp8Inputs {
   // V rounding bias correction (numerics section 4, "V rounding bias"; optional): PrepareParams::v_bias as prepare_fp8
   // wrote it ([B, Hk, D] FP32, 8-byte aligned): every output row that sees a key adds v_bias[c] to channel c, the mean
   // rounding error of V over the sequence's keys. Exact for attention spread evenly over them; it removes the part of
-  // V's rounding error that such attention averages to a bias. Not with repair rows, the VC mode or V block descales
-  // (Status::Unsupported naming in.v_bias). Null: none. Last, as above.
+  // V's rounding error that such attention averages to a bias. Built for qk_format kInt8 (ExpCast or exp2 P; the kernel's
+  // kVBiasMode); not with E4M3 Q/K, key block lists, repair rows, the VC mode or V block descales (Status::Unsupported
+  // naming in.v_bias). Null: none. Last, as above.
   const float* v_bias = nullptr;
 };
 // The K/V head count of a call: kv_heads, or heads where kv_heads is 0.

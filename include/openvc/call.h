@@ -63,9 +63,10 @@ struct AttentionCall {
   // packed [total_k, kv_heads, D]), 0 meaning heads; heads must be a multiple of it. The fast path only (a call the
   // general path would take is Status::Unsupported naming kv_heads). Last, as above.
   int kv_heads = 0;
-  // V rounding bias correction (attention.h, PrepareParams::v_bias and Fp8Inputs::v_bias; numerics section 4, "V rounding bias"): the
-  // preparation sums V's rounding residuals per channel and the kernel adds their mean to every row that sees a key.
-  // The fast path only (Status::Unsupported naming v_bias_correction on the general path). Last, as above.
+  // V rounding bias correction (attention.h, PrepareParams::v_bias and Fp8Inputs::v_bias; numerics section 4, "V rounding
+  // bias"): the preparation sums V's rounding residuals per channel and the kernel adds their mean to every row that
+  // sees a key. With qk_format kInt8 only, without key block lists (Status::Unsupported naming v_bias_correction).
+  // Last, as above.
   bool v_bias_correction = false;
 };
 

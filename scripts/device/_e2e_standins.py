@@ -14,8 +14,8 @@ def fast_path_stand_in(torch, ovd, ovp):
     saved = ovp._device_reason, ovd._fast_attention
 
     def stand_in(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
-                 p_format="expcast", seqused_k=None):
-        # (the stand-in computes FP32 SDPA whatever the policy's Q/K and P formats)
+                 p_format="expcast", seqused_k=None, v_bias_correction=False):
+        # (the stand-in computes FP32 SDPA whatever the policy's Q/K and P formats and V bias correction)
         if q.device.type == "meta":
             out = torch.empty_like(q)
         else:

@@ -78,8 +78,9 @@
 #   wan-formats       scripts/device/wan_formats.py (issue 25's end-to-end line) with the carried .whl/ (diffusers):
 #                     the Wan transformer (examples/diffusers_wan.py, sharpen 3) at 1.3B 480p widths (32,760 tokens,
 #                     4 blocks) and 14B 720p widths (75,600 tokens, 2 blocks), native SDPA vs openvc e4m3 /
-#                     int8+smooth / int8+smooth+exp2 / auto (per-module choice, not timed) vs SageAttention2
-#                     routed in for the same calls: rel L2 vs native, ms per forward, calls by path;
+#                     int8+smooth / int8+smooth+exp2 / int8+smooth+exp2+vbias / auto (per-module choice, not
+#                     timed) vs SageAttention2 routed in for the same calls: rel L2 vs native, ms per forward,
+#                     calls by path;
 #                     $OUT/wan_formats.json ($WAN_FORMATS_ARGS appended, e.g. "--configs 14b-720p --runs 7").
 #                     Waits for the anchors' SageAttention2 like modes-int8.
 # Environment: OUT (default /tmp/out), BUILD (default build/dev), GIT_COMMIT (recorded by bench), PYTHON.

@@ -475,6 +475,8 @@ def parse_args(argv):
     p.add_argument("--k-smoothing", action="store_true", help="the policy's k_smoothing")
     p.add_argument("--p-format", default=None, choices=("expcast", "exp2"),
                    help="the policy's p_format (default: expcast; exp2 needs --qk-format int8)")
+    p.add_argument("--v-bias-correction", action="store_true",
+                   help="the policy's v_bias_correction (needs --qk-format int8)")
     p.add_argument("--compare-rope", action="store_true",
                    help="also time openvc with its processors' rotary embedding in diffusers' torch form (interleaved "
                         "with the others) and check that the output bits are the same")
@@ -517,9 +519,10 @@ def main(argv=None):
         # tiny calls: 100-token thresholds stand for the defaults, so that joint attention (204 tokens) is taken
         # and text cross-attention (12 keys) is not, as at the real sizes
         policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, min_query_tokens=100, min_key_tokens=100)
-    if args.qk_format or args.k_smoothing or args.p_format:
+    if args.qk_format or args.k_smoothing or args.p_format or args.v_bias_correction:
         policy = dataclasses.replace(policy or ovp.DEFAULT_POLICY, qk_format=args.qk_format or "e4m3",
-                                     k_smoothing=args.k_smoothing, p_format=args.p_format or "expcast")
+                                     k_smoothing=args.k_smoothing, p_format=args.p_format or "expcast",
+                                     v_bias_correction=args.v_bias_correction)
     used_policy = policy or ovp.DEFAULT_POLICY
     header = {"diffusers": diffusers.__version__, "torch": torch.__version__, "device": device,
               "gpu": torch.cuda.get_device_name() if device == "cuda" else None, "dry_run": args.dry_run,
@@ -529,7 +532,8 @@ def main(argv=None):
                                             "head_dims": list(used_policy.head_dims),
                                             "qk_format": used_policy.qk_format,
                                             "k_smoothing": used_policy.k_smoothing,
-                                            "p_format": used_policy.p_format}}
+                                            "p_format": used_policy.p_format,
+                                            "v_bias_correction": used_policy.v_bias_correction}}
     print("diffusers_e2e:", json.dumps(header), flush=True)
     records, failed = [], False
     standins = helper("_e2e_standins")   # --dry-run / --shapes-only

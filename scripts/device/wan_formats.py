@@ -7,16 +7,17 @@ self-attention QK-norm weights x --sharpen) on native BF16 SDPA, openvc's format
 
 Line, per openvc mode (the default is openvc-e4m3): output rel L2 against native <= sage2's and
 sage2_ms / openvc_ms >= 1.15. Backends, one model and input: native (diffusers' torch SDPA: the reference); openvc-e4m3,
--int8-smooth, -int8-smooth-exp2 (integrations.diffusers.apply with a DispatchPolicy); openvc-auto
-(DispatchPolicy(qk_format="auto"): each attention module runs the three formats on its first call and keeps the
-fastest within auto_tolerance of exact attention on sampled rows; its routes name each call's choice); sage2:
-sageattn for the calls openvc takes (Sage2Route), the text cross-attention left on SDPA. A warm-up forward per
+-int8-smooth, -int8-smooth-exp2, -int8-smooth-exp2-vbias (the same with v_bias_correction=True; each
+integrations.diffusers.apply with a DispatchPolicy); openvc-auto (DispatchPolicy(qk_format="auto"): each attention
+module runs the four candidate formats on its first call and keeps the fastest within auto_tolerance of exact
+attention on sampled rows; its routes name each call's choice); sage2: sageattn for the calls openvc takes
+(Sage2Route), the text cross-attention left on SDPA. A warm-up forward per
 backend gives the rel L2 and the calls by path, then --runs rounds time each backend once, in a seeded shuffled
 order (harness.visiting_orders); medians. openvc-auto is not timed: apply() and remove() around each forward would
 make every module choose again (the choice's first-call cost, not the format's); its forward is the timed one of
 the format its modules chose (the record's "auto_same_as", when they all chose one). --dry-run: tiny configs on the
-CPU, diffusers_e2e.py's kernel stand-in and a fake sageattn (both torch SDPA), thresholds 100 tokens: checks
-routing and counting, measures nothing.
+CPU, diffusers_e2e.py's kernel stand-in (_e2e_standins.py) and a fake sageattn (both torch SDPA), thresholds 100
+tokens: checks routing and counting, measures nothing.
 """
 from __future__ import annotations
 
@@ -271,6 +272,8 @@ def main(argv=None):
                 "openvc-int8-smooth": ovp.DispatchPolicy(qk_format="int8", k_smoothing=True, **small),
                 "openvc-int8-smooth-exp2": ovp.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2",
                                                               **small),
+                "openvc-int8-smooth-exp2-vbias": ovp.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2",
+                                                                    v_bias_correction=True, **small),
                 AUTO: ovp.DispatchPolicy(qk_format="auto", **small)}
     if args.dry_run:
         sageattn, sage_note = fake_sageattn(torch), "fake (dry run: torch SDPA in FP32)"
@@ -287,7 +290,7 @@ def main(argv=None):
               "runs": args.runs, "sharpen": args.sharpen,
               "policies": {k: dataclasses.asdict(v) for k, v in policies.items()}}
     print("wan_formats:", json.dumps(header), flush=True)
-    stand_in = (load("diffusers_e2e", "scripts/device/diffusers_e2e.py").fast_path_stand_in(torch, ovd, ovp)
+    stand_in = (load("_e2e_standins", "scripts/device/_e2e_standins.py").fast_path_stand_in(torch, ovd, ovp)
                 if args.dry_run else contextlib.nullcontext())
     records, failed = [], False
     with stand_in:

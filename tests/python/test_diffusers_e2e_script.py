@@ -72,12 +72,19 @@ def test_dry_run_routes_as_on_the_gpu(e2e, tmp_path):
 
 
 def test_dry_run_with_the_formats(e2e, tmp_path):
-    """--qk-format int8 --k-smoothing --p-format exp2 reach the policy and name the openvc calls."""
+    """--qk-format int8 --k-smoothing --p-format exp2 (and --v-bias-correction) reach the policy and name the openvc
+    calls."""
     recs = run(e2e, tmp_path, "--dry-run", "--runs", "1", "--models", "hunyuan", "--qk-format", "int8",
                "--k-smoothing", "--p-format", "exp2")
     assert calls(recs["hunyuan"]) == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 2}
     policy = json.loads((tmp_path / "e2e.json").read_text())["policy"]
     assert (policy["qk_format"], policy["k_smoothing"], policy["p_format"]) == ("int8", True, "exp2")
+    assert policy["v_bias_correction"] is False
+    # --v-bias-correction: the most accurate mode
+    recs = run(e2e, tmp_path, "--dry-run", "--runs", "1", "--models", "hunyuan", "--qk-format", "int8",
+               "--k-smoothing", "--p-format", "exp2", "--v-bias-correction")
+    assert calls(recs["hunyuan"]) == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction"): 2}
+    assert json.loads((tmp_path / "e2e.json").read_text())["policy"]["v_bias_correction"] is True
 
 
 def test_real_shapes_on_meta(e2e, tmp_path):

@@ -28,9 +28,10 @@ from open_vc_attn.integrations import policy
 from helpers import wan22_pipeline
 
 AUTO = policy.DispatchPolicy(qk_format="auto", min_query_tokens=64, min_key_tokens=64)
-NAMES = {("e4m3", False, "expcast"): "e4m3", ("int8", True, "expcast"): "int8+k_smoothing",
-         ("int8", True, "exp2"): "int8+k_smoothing+exp2", ("int8", False, "expcast"): "int8",
-         ("int8", False, "exp2"): "int8+exp2"}
+NAMES = {("e4m3", False, "expcast", False): "e4m3", ("int8", True, "expcast", False): "int8+k_smoothing",
+         ("int8", True, "exp2", False): "int8+k_smoothing+exp2", ("int8", False, "expcast", False): "int8",
+         ("int8", False, "exp2", False): "int8+exp2", ("int8", True, "exp2", True): "int8+k_smoothing+exp2+v_bias"}
+ALL = ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2", "int8+k_smoothing+exp2+v_bias"]   # every candidate
 
 
 # ---- the policy's arguments (no torch) ------------------------------------------------------------------------
@@ -49,6 +50,10 @@ def test_auto_policy_arguments():
         policy.DispatchPolicy(qk_format="auto", p_format="exp")
     with pytest.raises(TypeError, match="^k_smoothing: expected a bool"):
         policy.DispatchPolicy(qk_format="auto", k_smoothing=1)
+    with pytest.raises(ValueError, match="^v_bias_correction: qk_format='auto' chooses it"):
+        policy.DispatchPolicy(qk_format="auto", v_bias_correction=True)
+    with pytest.raises(TypeError, match="^v_bias_correction: expected a bool"):
+        policy.DispatchPolicy(qk_format="auto", v_bias_correction=1)
     for bad in (0, -0.1, math.nan, math.inf, True, "0.05", None):
         with pytest.raises(ValueError, match="^auto_tolerance: expected a finite real > 0"):
             policy.DispatchPolicy(qk_format="auto", auto_tolerance=bad)
@@ -91,8 +96,8 @@ class StandIn:
         return self.eps(q, name) if callable(self.eps) else self.eps.get(name, 0.01)
 
     def __call__(self, q, k, v, scale=None, causal=False, mask=None, cu=None, *, qk_format="e4m3",
-                 k_smoothing=False, p_format="expcast"):
-        name = NAMES[(qk_format, k_smoothing, p_format)]
+                 k_smoothing=False, p_format="expcast", v_bias_correction=False):
+        name = NAMES[(qk_format, k_smoothing, p_format, v_bias_correction)]
         self.calls.append(name)
         return (exact64(self.torch, q, k, v, scale, causal, mask, cu) * (1 + self.error(q, name))).float()
 
@@ -156,6 +161,18 @@ def test_gpu_auto_on_the_real_kernels(torch, af):
         assert all(err == err and 0.0 < err < 0.3 for _, err in choice.errors), choice.errors
 
 
+def test_candidates(af):
+    """Fastest first; the last, INT8 + K smoothing + exp2 P with the V bias correction, is the most accurate."""
+    assert af.CANDIDATES == (("e4m3", "e4m3", False, "expcast", False),
+                             ("int8+k_smoothing", "int8", True, "expcast", False),
+                             ("int8+k_smoothing+exp2", "int8", True, "exp2", False),
+                             ("int8+k_smoothing+exp2+v_bias", "int8", True, "exp2", True))
+    assert [c[0] for c in af.CANDIDATES] == ALL
+    for _, fmt, smooth, pfmt, vbias in af.CANDIDATES:     # each one a valid fixed-format policy
+        pol = policy.DispatchPolicy(qk_format=fmt, k_smoothing=smooth, p_format=pfmt, v_bias_correction=vbias)
+        assert pol.openvc_kwargs()["v_bias_correction"] is vbias
+
+
 def test_sample_rows(af):
     rows = af.sample_rows(2, 4096, 40)
     assert rows == af.sample_rows(2, 4096, 40) and len(rows) == af.SAMPLE_ROWS == 256
@@ -172,13 +189,15 @@ def test_sample_rows(af):
     ({"e4m3": 0.2, "int8+k_smoothing": 0.03}, "qk_format=int8, k_smoothing", ["e4m3", "int8+k_smoothing"]),
     ({"e4m3": 0.2, "int8+k_smoothing": 0.07, "int8+k_smoothing+exp2": 0.04},
      "qk_format=int8, k_smoothing, p_format=exp2", ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"]),
+    ({"e4m3": 0.2, "int8+k_smoothing": 0.07, "int8+k_smoothing+exp2": 0.06, "int8+k_smoothing+exp2+v_bias": 0.04},
+     "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction", ALL),
 ])
 def test_fastest_format_within_the_tolerance(torch, af, eps, chosen, tried):
     store = af.AutoChoices()
     owner = Owner()
     choice, res, fast = choose(af, torch, store, owner, eps)
     # every candidate runs once, fastest first, with the call's arguments; the chosen one's output is returned
-    assert fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"]
+    assert fast.calls == ALL
     assert [name for name, _ in choice.errors] == tried
     for name, err in choice.errors:
         assert abs(err - eps.get(name, 0.01)) < 1e-4, (name, err)     # the stand-in's error, measured
@@ -195,11 +214,11 @@ def test_fastest_format_within_the_tolerance(torch, af, eps, chosen, tried):
 def test_no_format_within_the_tolerance(torch, af):
     store = af.AutoChoices()
     owner = Owner()
-    choice, res, _ = choose(af, torch, store, owner, {"e4m3": 0.2, "int8+k_smoothing": 0.12,
-                                                      "int8+k_smoothing+exp2": 0.08})
+    eps = {"e4m3": 0.2, "int8+k_smoothing": 0.12, "int8+k_smoothing+exp2": 0.08, "int8+k_smoothing+exp2+v_bias": 0.06}
+    choice, res, _ = choose(af, torch, store, owner, eps)
     assert choice.policy is None and res is None and choice.path == policy.FALLBACK
     assert choice.reason == ("auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.120, "
-                             "int8+k_smoothing+exp2 0.080)")
+                             "int8+k_smoothing+exp2 0.080, int8+k_smoothing+exp2+v_bias 0.060)")
     # a larger tolerance accepts INT8 + smoothing (a new owner: the choice is per owner)
     loose = policy.DispatchPolicy(qk_format="auto", auto_tolerance=0.15, min_query_tokens=64, min_key_tokens=64)
     choice, _, _ = choose(af, torch, store, Owner(), {"e4m3": 0.2, "int8+k_smoothing": 0.12},
@@ -217,7 +236,7 @@ def test_lse_calls_try_the_same_formats(torch, af):
     same candidates, smoothing included."""
     choice, res, fast = choose(af, torch, af.AutoChoices(), Owner(),
                                {"e4m3": 0.2, "int8+k_smoothing": 0.3}, return_lse=True)
-    assert fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"]
+    assert fast.calls == ALL
     assert choice.reason == "qk_format=int8, k_smoothing, p_format=exp2 (auto: rel L2 0.010 <= 0.05)"
     assert res[1] == "lse" and choice.policy.k_smoothing
 
@@ -324,11 +343,11 @@ def test_yunchang_processor_auto(torch, monkeypatch):
     assert any(f["k_smoothing"] for f in seen)   # the ring merges by the LSE, which smoothing keeps right now
     assert ovy.stats() == {("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)"): 2,
                            ("openvc", "qk_format=int8, k_smoothing (auto: rel L2 0.030 <= 0.05)"): 2}
-    assert len(seen) == 3 + 3 + 2
+    assert len(seen) == 4 + 4 + 2
     assert torch.equal(out_s, (exact64(torch, qs, k, v, 0.125) * 1.03).float().to(torch.bfloat16))
     ovy.reset_auto(flat)
     flat(q, k, v, softmax_scale=0.125)
-    assert len(seen) == 8 + 3
+    assert len(seen) == 10 + 4
     ovy.reset_auto()
 
 
@@ -382,9 +401,9 @@ def test_diffusers_auto_per_module(torch, ovd, diffusers_fast):
     ovd.apply(model, policy=AUTO)
     try:
         out1 = forward(torch, model, inputs)
-        assert diffusers_fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"] * 2
+        assert diffusers_fast.calls == ALL * 2
         out2 = forward(torch, model, inputs)
-        assert diffusers_fast.calls[6:] == ["e4m3", "int8+k_smoothing"]      # the kept choices
+        assert diffusers_fast.calls[8:] == ["e4m3", "int8+k_smoothing"]      # the kept choices
         # the choosing forward returned the chosen formats' outputs: the same as the forward after it
         assert torch.equal(out1, out2)
         assert ovd.stats(model) == {("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)"): 2,
@@ -392,13 +411,13 @@ def test_diffusers_auto_per_module(torch, ovd, diffusers_fast):
                                     ("fallback", "few keys (8 < 64)"): 4}
         ovd.reset_auto(model)
         forward(torch, model, inputs)
-        assert len(diffusers_fast.calls) == 8 + 6
+        assert len(diffusers_fast.calls) == 10 + 8
     finally:
         ovd.remove(model)
     ovd.apply(model, policy=AUTO)          # new wrappers choose again
     try:
         forward(torch, model, inputs)
-        assert len(diffusers_fast.calls) == 14 + 6
+        assert len(diffusers_fast.calls) == 18 + 8
     finally:
         ovd.remove(model)
 
@@ -406,17 +425,18 @@ def test_diffusers_auto_per_module(torch, ovd, diffusers_fast):
 def test_diffusers_auto_falls_back_to_the_framework(torch, ovd, diffusers_fast):
     model, inputs = tiny_wan(torch, layers=1)
     native = forward(torch, model, inputs)
-    diffusers_fast.eps = {"e4m3": 0.2, "int8+k_smoothing": 0.2, "int8+k_smoothing+exp2": 0.2}
+    diffusers_fast.eps = dict.fromkeys(ALL, 0.2)
     ovd.apply(model, policy=AUTO)
     try:
         out = forward(torch, model, inputs)
         forward(torch, model, inputs)
     finally:
         ovd.remove(model)
-    why = "auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.200, int8+k_smoothing+exp2 0.200)"
+    why = ("auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.200, int8+k_smoothing+exp2 0.200, "
+           "int8+k_smoothing+exp2+v_bias 0.200)")
     assert ovd.stats(model) == {("fallback", why): 2, ("fallback", "few keys (8 < 64)"): 2}
     assert torch.equal(out, native)        # every call on the native backend: the unwrapped model's output
-    assert len(diffusers_fast.calls) == 3
+    assert len(diffusers_fast.calls) == 4
 
 
 def test_diffusers_auto_needs_apply(torch, ovd):
@@ -479,7 +499,7 @@ def test_bf16_first_steps_with_auto_choose_after_them(torch, ovd, diffusers_fast
     finally:
         ovd.remove(pipe)
     # transformer_2 only (step 1): its conditional forward chooses, the unconditional one keeps e4m3
-    assert diffusers_fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2", "e4m3"]
+    assert diffusers_fast.calls == ALL + ["e4m3"]
     assert ovd.stats(pipe.transformer_2)[("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)")] == 2
 
 
@@ -554,16 +574,16 @@ def test_replaced_processors_auto_per_processor_and_bf16_steps(torch, ovd, diffu
         first, second = pipe.run()
         assert torch.equal(first, native)                 # step 0: the original processors' own SDPA calls
         # step 1: each replaced processor chooses its own format (the sharp layer INT8 + K smoothing)
-        assert diffusers_fast.calls == ["e4m3", "int8+k_smoothing", "int8+k_smoothing+exp2"] * 2
+        assert diffusers_fast.calls == ALL * 2
         assert not torch.equal(second, native)
         bf16 = ("fallback", "bf16_steps: first 1 denoising steps on the framework's attention")
         assert ovd.stats(model) == {bf16: 2, ("openvc", "qk_format=e4m3 (auto: rel L2 0.010 <= 0.05)"): 1,
                                     ("openvc", "qk_format=int8, k_smoothing (auto: rel L2 0.030 <= 0.05)"): 1}
         pipe.run()                                        # the kept choices
-        assert diffusers_fast.calls[6:] == ["e4m3", "int8+k_smoothing"]
+        assert diffusers_fast.calls[8:] == ["e4m3", "int8+k_smoothing"]
         ovd.reset_auto(pipe)                              # the replaced processors choose again
         pipe.run()
-        assert len(diffusers_fast.calls) == 8 + 6
+        assert len(diffusers_fast.calls) == 10 + 8
     finally:
         ovd.remove(pipe)
     assert not any(type(m.processor).__name__ == "CogVideoXProcessor" for m in model.modules()
@@ -573,16 +593,17 @@ def test_replaced_processors_auto_per_processor_and_bf16_steps(torch, ovd, diffu
 def test_replaced_processors_auto_falls_back_to_their_own_sdpa(torch, ovd, diffusers_fast):
     model, inputs = tiny_cogvideox(torch)
     native = forward(torch, model, inputs)
-    diffusers_fast.eps = {"e4m3": 0.2, "int8+k_smoothing": 0.2, "int8+k_smoothing+exp2": 0.2}
+    diffusers_fast.eps = dict.fromkeys(ALL, 0.2)
     ovd.apply(model, policy=AUTO)
     try:
         out = forward(torch, model, inputs)
     finally:
         ovd.remove(model)
-    why = "auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.200, int8+k_smoothing+exp2 0.200)"
+    why = ("auto: no format within rel L2 0.05 (e4m3 0.200, int8+k_smoothing 0.200, int8+k_smoothing+exp2 0.200, "
+           "int8+k_smoothing+exp2+v_bias 0.200)")
     assert ovd.stats(model) == {("fallback", why): 2}
     assert torch.equal(out, native)
-    assert len(diffusers_fast.calls) == 6
+    assert len(diffusers_fast.calls) == 8
 
 
 # ---- SGLang (stand-ins for its base classes, in a subprocess) -----------------------------------------------------
@@ -612,10 +633,10 @@ from open_vc_attn.integrations import policy, sglang as m
 policy._device_reason = lambda device: None
 calls = []
 def fast(q, k, v, scale, lse, causal=False, **fmt):
-    calls.append(["dense", fmt["qk_format"], fmt["k_smoothing"], fmt["p_format"]])
+    calls.append(["dense", fmt["qk_format"], fmt["k_smoothing"], fmt["p_format"], fmt["v_bias_correction"]])
     return q * (1.2 if fmt["qk_format"] == "e4m3" else 1.0)      # e4m3 20% off, int8 "exact" for q = v, one key
 def fast_varlen(q, k, v, cu, max_seqlen, scale, causal, **fmt):
-    calls.append(["packed", fmt["qk_format"], fmt["k_smoothing"], fmt["p_format"]])
+    calls.append(["packed", fmt["qk_format"], fmt["k_smoothing"], fmt["p_format"], fmt["v_bias_correction"]])
     return q.clone()
 m._fast_attention, m._fast_varlen_attention = fast, fast_varlen
 auto = policy.DispatchPolicy(qk_format="auto", min_query_tokens=1, min_key_tokens=1)
@@ -636,10 +657,10 @@ def test_sglang_impl_auto(torch, tmp_path):
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["calls"] == [["dense", "e4m3", False, "expcast"], ["dense", "int8", True, "expcast"],
-                            ["dense", "int8", True, "exp2"], ["dense", "int8", True, "expcast"],
-                            ["packed", "e4m3", False, "expcast"], ["packed", "int8", True, "expcast"],
-                            ["packed", "int8", True, "exp2"], ["packed", "e4m3", False, "expcast"]]
+    tried = [["e4m3", False, "expcast", False], ["int8", True, "expcast", False], ["int8", True, "exp2", False],
+             ["int8", True, "exp2", True]]
+    assert got["calls"] == ([["dense", *c] for c in tried] + [["dense", "int8", True, "expcast", False]]
+                            + [["packed", *c] for c in tried] + [["packed", "e4m3", False, "expcast", False]])
     assert dict((tuple(k), n) for k, n in got["stats"]) == {
         ("openvc", "qk_format=int8, k_smoothing (auto: rel L2 0.000 <= 0.05)"): 2,
         ("openvc", "qk_format=e4m3 (auto: rel L2 0.000 <= 0.05)"): 2}

@@ -14,6 +14,7 @@
   at 32,760 video tokens (output rel L2 < 3% against the native backend, openvc faster).
 On an H200 (diffusers carried as a wheel): python3 -m pytest -q -rs tests/python/test_integrations_diffusers.py
 """
+import dataclasses
 import importlib.util
 import inspect
 import pathlib
@@ -54,7 +55,8 @@ def reference_fast_path(ovd, monkeypatch, no_device_check):
     torch = sys.modules["torch"]
     calls = []
 
-    def fast(q, k, v, scale, return_lse=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    def fast(q, k, v, scale, return_lse=False, qk_format="e4m3", k_smoothing=False, p_format="expcast",
+             v_bias_correction=False):
         calls.append(tuple(q.shape))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
                             return_lse=return_lse)
@@ -210,18 +212,26 @@ def test_policy_format_reaches_every_openvc_call(torch, ovd, policy, monkeypatch
         dispatch_attention_fn(q, k, v)
         dispatch_attention_fn(q, k, v, is_causal=True)
         dispatch_attention_fn(q, k, v, attn_mask=torch.ones(1, 1024, dtype=torch.bool))
-    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"}] * 3
+    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "expcast", "v_bias_correction": False}] * 3
     assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing"): 3}
     with ovd.openvc_attention(policy=small_policy(policy, 1024)):
         dispatch_attention_fn(q, k, v)
-    assert seen[-1] == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast"}
+    assert seen[-1] == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast", "v_bias_correction": False}
     exp2 = policy.DispatchPolicy(min_query_tokens=1024, min_key_tokens=1024, qk_format="int8", k_smoothing=True,
                                  p_format="exp2")
     ovd.reset_stats()
     with ovd.openvc_attention(policy=exp2):
         dispatch_attention_fn(q, k, v, is_causal=True)
-    assert seen[-1] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert seen[-1] == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2", "v_bias_correction": False}
     assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 1}
+    best = dataclasses.replace(exp2, v_bias_correction=True)      # the most accurate mode: plain, causal, masked
+    ovd.reset_stats()
+    with ovd.openvc_attention(policy=best):
+        dispatch_attention_fn(q, k, v)
+        dispatch_attention_fn(q, k, v, is_causal=True)
+        dispatch_attention_fn(q, k, v, attn_mask=torch.ones(1, 1024, dtype=torch.bool))
+    assert seen[-3:] == [{"qk_format": "int8", "k_smoothing": True, "p_format": "exp2", "v_bias_correction": True}] * 3
+    assert ovd.stats() == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction"): 3}
 
 
 def test_argument_errors(torch, ovd):
@@ -402,7 +412,7 @@ def cpu_fast(torch, ovd, monkeypatch):
     given = []
 
     def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
-             p_format="expcast"):
+             p_format="expcast", v_bias_correction=False):
         given.append((None if attn_mask is None else tuple(attn_mask.shape), causal))
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),

@@ -70,7 +70,7 @@ def sparse_fast(torch, ovd, monkeypatch, no_device_check):
     given = []
 
     def fast(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3", k_smoothing=False,
-             p_format="expcast", block_mask=None):
+             p_format="expcast", block_mask=None, v_bias_correction=False):
         given.append((block_mask, attn_mask, causal, tuple(q.shape)))
         out, lse = attend(torch, q, k, v, None if block_mask is None else block_level(torch, block_mask), scale)
         out = out.to(torch.bfloat16)
@@ -110,6 +110,8 @@ def test_policy_block_mask_reasons(torch, policy, masks, no_device_check):
          "block_mask batch and heads (1, 3) (takes 1 or the call's 1 and 2)"),
         (dict(attn_mask=fc, policy=small_policy(policy, 1024, qk_format="int8", p_format="exp2")),
          "block_mask with p_format='exp2'"),
+        (dict(attn_mask=fc, policy=small_policy(policy, 1024, qk_format="int8", v_bias_correction=True)),
+         "block_mask with v_bias_correction"),
         (dict(attn_mask=fc, policy=small_policy(policy, 2048)), "short query (1024 < 2048 tokens)"),
     ]
     for kw, reason in cases:
@@ -284,8 +286,9 @@ def test_apply_block_mask_arguments(torch, ovd, masks):
 
 def test_auto_measures_against_the_block_level_mask(torch, masks):
     """qk_format="auto" on a block-sparse call: the exact rows see the listed blocks whole (a stand-in exact over
-    them measures its own error, 0 here; dense exact rows would measure the mask's effect), exp2 P is not tried
-    (open_vc_attn.attention does not combine it with block lists), and the choice is its own call class."""
+    them measures its own error, 0 here; dense exact rows would measure the mask's effect), exp2 P and the V bias
+    correction are not tried (open_vc_attn.attention does not combine them with block lists), and the choice is its
+    own call class."""
     from open_vc_attn.integrations import _auto_format as af
     from open_vc_attn.integrations import policy
 

@@ -257,8 +257,10 @@ def test_policy_format_fields_are_validated():
         with pytest.raises(TypeError, match="^k_smoothing: expected a bool"):
             policy.DispatchPolicy(k_smoothing=bad)
     int8 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True)
-    assert int8.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"}
-    assert DEFAULT.openvc_kwargs() == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast"}
+    assert int8.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast",
+                                    "v_bias_correction": False}
+    assert DEFAULT.openvc_kwargs() == {"qk_format": "e4m3", "k_smoothing": False, "p_format": "expcast",
+                                       "v_bias_correction": False}
 
 
 def test_policy_p_format_is_validated():
@@ -271,11 +273,39 @@ def test_policy_p_format_is_validated():
         with pytest.raises(ValueError, match="^p_format: 'exp2' .* INT8 Q/K only .*got qk_format='e4m3'"):
             policy.DispatchPolicy(p_format="exp2", k_smoothing=smooth)
     exp2 = policy.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2")
-    assert exp2.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}
+    assert exp2.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2",
+                                    "v_bias_correction": False}
     assert exp2.format_label == "qk_format=int8, k_smoothing, p_format=exp2"
     assert policy.DispatchPolicy(qk_format="int8", p_format="exp2").format_label == "qk_format=int8, p_format=exp2"
     # explicit defaults read as the defaults
     assert policy.DispatchPolicy(p_format="expcast").format_label == ""
+
+
+def test_policy_v_bias_correction_is_validated():
+    """v_bias_correction: a bool (TypeError naming it otherwise), True with qk_format "int8" only (ValueError naming
+    it with "e4m3", the rule of _checks.v_bias_correction); passed to every openvc call and named in the reason."""
+    assert DEFAULT.v_bias_correction is False
+    for bad in (1, 0, "yes", None):
+        with pytest.raises(TypeError, match="^v_bias_correction: expected a bool"):
+            policy.DispatchPolicy(qk_format="int8", v_bias_correction=bad)
+    for kw in (dict(), dict(qk_format="e4m3"), dict(k_smoothing=True)):
+        with pytest.raises(ValueError, match="^v_bias_correction: .*qk_format='int8'.*got qk_format='e4m3'"):
+            policy.DispatchPolicy(v_bias_correction=True, **kw)
+    assert policy.DispatchPolicy(v_bias_correction=False).format_label == ""     # the default, explicit
+    best = policy.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2", v_bias_correction=True)
+    assert best.openvc_kwargs() == {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2",
+                                    "v_bias_correction": True}
+    assert best.format_label == "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction"
+    plain = policy.DispatchPolicy(qk_format="int8", v_bias_correction=True)
+    assert plain.format_label == "qk_format=int8, v_bias_correction"
+    assert plain.openvc_kwargs()["v_bias_correction"] is True
+    # dense, causal and packed calls take it (the fast path's INT8 calls); the label is the reason
+    small = dict(min_query_tokens=1024, min_key_tokens=1024)
+    pol = policy.DispatchPolicy(qk_format="int8", k_smoothing=True, p_format="exp2", v_bias_correction=True, **small)
+    q, k, v, cu = packed()
+    assert policy.choose_path(*qkv(), policy=pol) == (policy.OPENVC, best.format_label)
+    assert policy.choose_path(*qkv(), causal=True, policy=pol) == (policy.OPENVC, best.format_label)
+    assert policy.choose_varlen_path(q, k, v, cu, cu, 2048, 2048, policy=pol) == (policy.OPENVC, best.format_label)
 
 
 def test_openvc_reason_names_the_format():

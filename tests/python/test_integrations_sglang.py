@@ -15,6 +15,7 @@ nvidia-ml-py). Skips when sglang or torch is not installed.
 - Marked `gpu`: the impl against open_vc_attn.attention (bit for bit, LSE too) and SDPAImpl.
 On an H200 (sglang and pyzmq carried as wheels): python3 -m pytest -q -rs tests/python/test_integrations_sglang.py
 """
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -83,7 +84,8 @@ def fast_path(sgl, monkeypatch):
     monkeypatch.setattr(policy, "_device_reason", lambda device: None)
     calls = []
 
-    def fast(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    def fast(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast",
+             v_bias_correction=False):
         calls.append(tuple(q.shape) if not causal else (tuple(q.shape), "causal"))
         res = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
                             return_lse=return_lse, causal=causal)
@@ -92,7 +94,7 @@ def fast_path(sgl, monkeypatch):
         return (out, torch.from_numpy(np.ascontiguousarray(lse)).float()) if return_lse else out
 
     def fast_varlen(q, k, v, cu_seqlens, max_seqlen, scale, causal, qk_format="e4m3", k_smoothing=False,
-                    p_format="expcast"):
+                    p_format="expcast", v_bias_correction=False):
         calls.append(("packed", tuple(q.shape), tuple(cu_seqlens.tolist()), max_seqlen, causal))
         cu = cu_seqlens.numpy()
         out = ref.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), softmax_scale=scale,
@@ -207,8 +209,14 @@ def test_impl_passes_the_policy_format(torch, sgl, monkeypatch):
     make_impl(sgl, openvc_policy=pol).forward(q, q, q, None)
     make_impl(sgl, openvc_policy=pol).forward_varlen(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 128],
                                                      dtype=torch.int32), max_seqlen=128)
-    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "exp2"}] * 2
+    assert seen == [{"qk_format": "int8", "k_smoothing": True, "p_format": "exp2", "v_bias_correction": False}] * 2
     assert sgl.mod.stats() == {("openvc", "qk_format=int8, k_smoothing, p_format=exp2"): 2}
+    best = dataclasses.replace(pol, v_bias_correction=True)
+    make_impl(sgl, openvc_policy=best).forward(q, q, q, None)
+    make_impl(sgl, openvc_policy=best).forward_varlen(q[0], q[0], q[0], cu_seqlens=torch.tensor([0, 128],
+                                                      dtype=torch.int32), max_seqlen=128)
+    assert seen[2:] == [{"qk_format": "int8", "k_smoothing": True, "p_format": "exp2", "v_bias_correction": True}] * 2
+    assert sgl.mod.stats()[("openvc", "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction")] == 2
 
 
 # ---- packed sequences (forward_varlen) --------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def exact_fast_path(ovy, monkeypatch):
     from open_vc_attn.integrations import _exact, policy
     calls = []
 
-    def fast(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
+    def fast(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast",
+             v_bias_correction=False):
         calls.append(tuple(q.shape) + (("causal",) if causal else ()))
         out, lse = _exact.attention_with_lse(q, k, v, scale=scale, causal=causal, causal_from_end=True)
         return out.to(q.dtype), lse
@@ -136,11 +137,16 @@ def test_processor_passes_the_policy_format(torch, ovy, monkeypatch):
     ovy.OpenVCAttnProcessor(policy=smooth)(q, q, q, softmax_scale=0.1)
     exp2 = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", p_format="exp2")
     ovy.OpenVCAttnProcessor(policy=exp2)(q, q, q, softmax_scale=0.1)
-    assert seen == [{"qk_format": "int8", "k_smoothing": False, "p_format": "expcast"},
-                    {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast"},
-                    {"qk_format": "int8", "k_smoothing": False, "p_format": "exp2"}]
+    best = policy.DispatchPolicy(min_query_tokens=128, min_key_tokens=128, qk_format="int8", k_smoothing=True,
+                                 p_format="exp2", v_bias_correction=True)
+    ovy.OpenVCAttnProcessor(policy=best)(q, q, q, softmax_scale=0.1, causal=True)
+    assert seen == [{"qk_format": "int8", "k_smoothing": False, "p_format": "expcast", "v_bias_correction": False},
+                    {"qk_format": "int8", "k_smoothing": True, "p_format": "expcast", "v_bias_correction": False},
+                    {"qk_format": "int8", "k_smoothing": False, "p_format": "exp2", "v_bias_correction": False},
+                    {"qk_format": "int8", "k_smoothing": True, "p_format": "exp2", "v_bias_correction": True}]
     assert ovy.stats() == {("openvc", "qk_format=int8"): 1, ("openvc", "qk_format=int8, k_smoothing"): 1,
-                           ("openvc", "qk_format=int8, p_format=exp2"): 1}
+                           ("openvc", "qk_format=int8, p_format=exp2"): 1,
+                           ("openvc", "qk_format=int8, k_smoothing, p_format=exp2, v_bias_correction"): 1}
 
 
 def test_processor_fallback_callable_and_errors(torch, ovy):

@@ -10,22 +10,24 @@ module's calls go to the framework's attention, with the errors as the reason.
 
 Candidates, fastest first (complete calls at S = 32,760, H = 40 on the H200, docs/performance.md, fourth
 session): E4M3 17.77 ms; INT8 + K smoothing 19.84 ms (0.90x E4M3's speed); INT8 + K smoothing + exp2 P
-24.93 ms (0.71x). A call that returns its LSE (ring attention merges by it) tries the same formats:
-open_vc_attn.attention returns the LSE of the keys as given with K smoothing (docs/numerics.md section 9).
-INT8 is dropped past the fast path's size range (it has no general path), exp2 P for a block-sparse call
-(open_vc_attn.attention does not combine them); the exact rows of a block-sparse call see its listed blocks
-whole, the attention openvc computes. E4M3 + K smoothing is no
-candidate: it helps only where K has a channel offset, and there INT8 + K smoothing is far more accurate
-(docs/performance.md: 8.11% against 3.80%) at 0.90x the time.
+24.93 ms (0.71x); the same with the V bias correction (``v_bias_correction=True``, docs/numerics.md section 4:
+about 0.1% slower at that size, a few % at S = 4,096; the most accurate, N(0,1) inputs 3.79% -> 3.42% rel L2
+on an H100, bench/results/2026-12-05-h100-thirtieth/). A call that returns its LSE (ring attention merges by
+it) tries the same formats: open_vc_attn.attention returns the LSE of the keys as given with K smoothing
+(docs/numerics.md section 9). INT8 is dropped past the fast path's size range (it has no general path), exp2 P
+and the V bias correction for a block-sparse call (open_vc_attn.attention does not combine them with block
+lists); the exact rows of a block-sparse call see its listed blocks whole, the attention openvc computes.
+E4M3 + K smoothing is no candidate: it helps only where K has a channel offset, and there INT8 + K smoothing is
+far more accurate (docs/performance.md: 8.11% against 3.80%) at 0.90x the time.
 
 Keying: one choice per (module, call class), the class being (causal, key padding mask, LSE returned,
 packed, block mask). A format's error follows the module's q/k statistics (its weights), which its calls at other
 lengths and steps share; causal, masked and packed calls are other attention problems, and an LSE call
 is kept apart too (its consumer, a ring merge, is another use of the result). Not keyed by shape: a new
-resolution does not choose again (choosing costs up to 3 calls and a host read). Reset:
+resolution does not choose again (choosing costs up to 4 calls and a host read). Reset:
 :meth:`AutoChoices.reset` (the integrations' ``reset_auto``).
 
-Cost and synchronization: the choosing call runs up to 3 openvc calls and exact attention of the sampled
+Cost and synchronization: the choosing call runs up to 4 openvc calls and exact attention of the sampled
 rows (their keys and values gathered in FP32, in blocks of about 256 MiB), holds the candidates' outputs
 until the choice, and reads the errors back to the host once (``.tolist()``): the only host
 synchronization of the integrations. A CUDA graph can therefore capture a module's calls only after its
@@ -45,9 +47,11 @@ from . import policy as _policy
 __all__ = ["SAMPLE_ROWS", "CANDIDATES", "Choice", "AutoChoices", "sample_rows"]
 
 SAMPLE_ROWS = 256        # enough for a stable rel L2 of a module's rows; a small part of a call's work
-# (name, qk_format, k_smoothing, p_format), fastest first (docs/performance.md, see the module doc)
-CANDIDATES = (("e4m3", "e4m3", False, "expcast"), ("int8+k_smoothing", "int8", True, "expcast"),
-              ("int8+k_smoothing+exp2", "int8", True, "exp2"))
+# (name, qk_format, k_smoothing, p_format, v_bias_correction), fastest first (docs/performance.md, see the module
+# doc); the last one is the most accurate
+CANDIDATES = (("e4m3", "e4m3", False, "expcast", False), ("int8+k_smoothing", "int8", True, "expcast", False),
+              ("int8+k_smoothing+exp2", "int8", True, "exp2", False),
+              ("int8+k_smoothing+exp2+v_bias", "int8", True, "exp2", True))
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 _BLOCK_BYTES = 256 << 20     # FP32 keys and values of the sampled rows gathered at a time
@@ -172,8 +176,8 @@ def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, c
     candidates = CANDIDATES
     if not _checks.fast_path_range(*(lengths or (sq, sk))):
         candidates = tuple(c for c in candidates if c[1] != "int8")
-    if block_mask is not None:   # block lists do not combine with exp2 P (open_vc_attn.attention)
-        candidates = tuple(c for c in candidates if c[3] != "exp2")
+    if block_mask is not None:   # block lists combine with neither exp2 P nor the V bias correction (attention())
+        candidates = tuple(c for c in candidates if c[3] != "exp2" and not c[4])
     b, i, h = (torch.tensor(col, dtype=torch.long, device=q.device) for col in zip(*sample_rows(batch, sq, heads)))
     bias = None if key_padding_mask is None else _key_bias(key_padding_mask, batch, sk, torch)
     lo = hi = valid = None
@@ -185,8 +189,8 @@ def _choose(policy, run, q, k, v, scale, causal, key_padding_mask, return_lse, c
     seen = None if block_mask is None else _block_rows(block_mask, b, i, h, sk, torch)
     exact = _exact_rows(q4, k4, v4, b, i, h, scale, causal, bias, lo, hi, torch, seen)
     errors, results, policies = [], [], []
-    for _, fmt, smooth, pfmt in candidates:
-        pol = dataclasses.replace(policy, qk_format=fmt, k_smoothing=smooth, p_format=pfmt)
+    for _, fmt, smooth, pfmt, vbias in candidates:
+        pol = dataclasses.replace(policy, qk_format=fmt, k_smoothing=smooth, p_format=pfmt, v_bias_correction=vbias)
         res = run(pol)
         out = res[0] if return_lse else res
         errors.append(_rel_l2((out.unsqueeze(0) if packed else out)[b, i, h], exact, valid, torch))

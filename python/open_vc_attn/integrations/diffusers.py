@@ -141,13 +141,14 @@ def _dispatch():
 # ---- the backend function ------------------------------------------------------------------------------
 
 def _fast_attention(q, k, v, scale, return_lse=False, attn_mask=None, causal=False, qk_format="e4m3",
-                    k_smoothing=False, p_format="expcast", block_mask=None, seqused_k=None):
+                    k_smoothing=False, p_format="expcast", block_mask=None, seqused_k=None, v_bias_correction=False):
     """openvc's fast path (lse [B, H, Sq] with return_lse); a key padding mask or key counts (seqused_k), causal
-    or a BlockMask as the policy took them, the policy's Q/K and P formats. Tests swap it for a CPU stand-in."""
+    or a BlockMask as the policy took them, the policy's Q/K and P formats and V bias correction. Tests swap it
+    for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, key_padding_mask=attn_mask,
                                   causal=causal, qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format,
-                                  block_mask=block_mask, seqused_k=seqused_k)
+                                  block_mask=block_mask, seqused_k=seqused_k, v_bias_correction=v_bias_correction)
 
 
 def _record(path, reason, routes=None):

@@ -15,11 +15,11 @@ masks, biases and dropout stay on the framework. Short calls and cross-attention
 tokens) stay there too: quantization and the fixed per-call cost do not pay, and those calls are a small part of a
 video model's time. This function is the one place that changes.
 
-The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``): every
-integration passes them to each :func:`open_vc_attn.attention` call it makes, and reports them as the
-reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing, p_format=exp2")``; "" for the defaults),
-so the integrations' ``stats()`` show the format. ``qk_format="auto"`` leaves the format to each attention
-module's first openvc call (:mod:`._auto_format`: the fastest format whose error on a sample of rows is
+The policy also carries the formats of openvc's calls (``qk_format``, ``k_smoothing``, ``p_format``,
+``v_bias_correction``): every integration passes them to each :func:`open_vc_attn.attention` call it makes, and
+reports them as the reason of its openvc calls (``(OPENVC, "qk_format=int8, k_smoothing, p_format=exp2")``; "" for
+the defaults), so the integrations' ``stats()`` show the format. ``qk_format="auto"`` leaves the format to each
+attention module's first openvc call (:mod:`._auto_format`: the fastest format whose error on a sample of rows is
 within ``auto_tolerance``, else the framework's attention); :func:`choose_path` then answers
 ``(OPENVC, "qk_format=auto")`` and the integration replaces the label with the module's choice.
 
@@ -73,13 +73,19 @@ class DispatchPolicy:
     p_format: P's code in every openvc call (:func:`open_vc_attn.attention`'s argument): "expcast" (default) or
     "exp2" (the E4M3 rounding of the exponential, more accurate), which needs qk_format "int8": ValueError naming
     p_format otherwise, or for anything but the two strings.
+    v_bias_correction (default False): every openvc call adds V's mean E4M3 rounding error back per channel
+    (:func:`open_vc_attn.attention`'s argument; docs/numerics.md section 4, "V rounding bias"). qk_format "int8"
+    only (ValueError naming v_bias_correction otherwise; TypeError for a non-bool); a BlockMask call goes to the
+    framework (block lists do not take it). It costs about 0.1% of the call at S = 32,760 and a few % at
+    S = 4,096; rel L2 on N(0,1) inputs 3.79% -> 3.42% with INT8 + K smoothing + exp2 P, below SageAttention2's
+    3.77% (H100, bench/results/2026-12-05-h100-thirtieth/): the most accurate mode.
     qk_format="auto": each attention module's first openvc call runs the candidate formats, fastest first
-    (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same where the call returns its LSE, which
-    attention() gives for the keys as given with K smoothing), measures each one's rel L2 against exact FP32
-    attention on 256 sampled query rows, and keeps the first within auto_tolerance for that module's calls, or
-    sends them to the framework's attention when none is (:mod:`open_vc_attn.integrations._auto_format`;
-    docs/integrations/diffusers.md). k_smoothing and p_format are then part of the choice: ValueError naming
-    them unless they keep their defaults.
+    (E4M3; INT8 + K smoothing; INT8 + K smoothing + exp2 P; the same with the V bias correction; the same where
+    the call returns its LSE, which attention() gives for the keys as given with K smoothing), measures each
+    one's rel L2 against exact FP32 attention on 256 sampled query rows, and keeps the first within
+    auto_tolerance for that module's calls, or sends them to the framework's attention when none is
+    (:mod:`open_vc_attn.integrations._auto_format`; docs/integrations/diffusers.md). k_smoothing, p_format and
+    v_bias_correction are then part of the choice: ValueError naming them unless they keep their defaults.
     auto_tolerance (default 0.05): the largest rel L2 of the sampled rows a format may have; a finite
     real > 0, else ValueError naming it. Why 0.05: SageAttention2, the quantized attention video users pick
     for quality, measured 3.73-5.75% on issue 25's five inputs (docs/performance.md, fourth session), so
@@ -94,13 +100,15 @@ class DispatchPolicy:
     qk_format: str = "e4m3"
     k_smoothing: bool = False
     p_format: str = "expcast"
+    v_bias_correction: bool = False
     auto_tolerance: float = 0.05
 
     def __post_init__(self):
         _checks.k_smoothing(self.k_smoothing)
         if self.qk_format == AUTO:
             _checks.p_format(self.p_format)
-            for name, default in (("k_smoothing", False), ("p_format", "expcast")):
+            _checks.v_bias_correction(self.v_bias_correction)
+            for name, default in (("k_smoothing", False), ("p_format", "expcast"), ("v_bias_correction", False)):
                 if getattr(self, name) != default:
                     raise ValueError(f"{name}: qk_format='auto' chooses it with the format (got {name}="
                                      f"{getattr(self, name)!r}); leave it at {default!r}, or pass a fixed qk_format")
@@ -110,6 +118,7 @@ class DispatchPolicy:
             except ValueError as exc:
                 raise ValueError(f"{exc} (or 'auto': chosen per module, auto_tolerance)") from None
             _checks.p_format(self.p_format, self.qk_format)
+            _checks.v_bias_correction(self.v_bias_correction, self.qk_format)
         tol = self.auto_tolerance
         if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol) or tol <= 0:
             raise ValueError(f"auto_tolerance: expected a finite real > 0 (the largest rel L2 against exact "
@@ -125,14 +134,16 @@ class DispatchPolicy:
     def format_label(self) -> str:
         """The reason choose_path gives with OPENVC: "" for E4M3 without K smoothing with ExpCast P (the
         defaults), else "qk_format=int8", "qk_format=int8, k_smoothing", "qk_format=e4m3, k_smoothing", with
-        ", p_format=exp2" appended when p_format is not the default; "qk_format=auto" for an auto policy
-        (the integrations replace it with the module's choice)."""
-        if self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast":
+        ", p_format=exp2" appended when p_format is not the default and ", v_bias_correction" when it is on;
+        "qk_format=auto" for an auto policy (the integrations replace it with the module's choice)."""
+        if (self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast"
+                and not self.v_bias_correction):
             return ""
         if self.qk_format == AUTO:
             return "qk_format=auto"
         return (f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
-                + (f", p_format={self.p_format}" if self.p_format != "expcast" else ""))
+                + (f", p_format={self.p_format}" if self.p_format != "expcast" else "")
+                + (", v_bias_correction" if self.v_bias_correction else ""))
 
     def openvc_kwargs(self) -> dict:
         """The format arguments of :func:`open_vc_attn.attention` (what the integrations pass). An auto
@@ -140,7 +151,8 @@ class DispatchPolicy:
         if self.qk_format == AUTO:
             raise ValueError("qk_format: 'auto' is chosen per module on its first call (integrations._auto_format); "
                              "it has no fixed format arguments")
-        return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing, "p_format": self.p_format}
+        return {"qk_format": self.qk_format, "k_smoothing": self.k_smoothing, "p_format": self.p_format,
+                "v_bias_correction": self.v_bias_correction}
 
 
 DEFAULT_POLICY = DispatchPolicy()
@@ -228,6 +240,8 @@ def block_mask_reason(mask, q, k, *, causal=False, policy=None):
     policy = DEFAULT_POLICY if policy is None else policy
     if policy.p_format == "exp2":
         return "block_mask with p_format='exp2'"
+    if policy.v_bias_correction:
+        return "block_mask with v_bias_correction"
     if not _checks.fast_path_range(sq, sk):   # block lists run on the sm_90a fast path only
         return "block_mask past the fast path's size range (ceil(Sq/128) * ceil(Sk/128) * 128 >= 2^32)"
     return None

@@ -72,21 +72,23 @@ _auto = _auto_format.AutoChoices()   # qk_format="auto": per impl (one per atten
 
 
 def _fast_attention(q, k, v, scale, return_lse, causal=False, qk_format="e4m3", k_smoothing=False,
-                    p_format="expcast"):
-    """openvc's fast path (the policy's Q/K and P formats); tests swap it for a CPU reference stand-in."""
+                    p_format="expcast", v_bias_correction=False):
+    """openvc's fast path (the policy's Q/K and P formats and V bias correction); tests swap it for a CPU
+    reference stand-in."""
     from .. import api
     return api.attention(q, k, v, softmax_scale=scale, return_lse=return_lse, causal=causal, qk_format=qk_format,
-                         k_smoothing=k_smoothing, p_format=p_format)
+                         k_smoothing=k_smoothing, p_format=p_format, v_bias_correction=v_bias_correction)
 
 
 def _fast_varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, causal, qk_format="e4m3", k_smoothing=False,
-                           p_format="expcast"):
+                           p_format="expcast", v_bias_correction=False):
     """openvc's packed path: one call over every sequence (each quantized and attended alone), the offsets
     read on the GPU only. Tests swap it for a CPU stand-in."""
     from .. import api
     return api.attention(q, k, v, softmax_scale=scale, causal=causal, cu_seqlens_q=cu_seqlens,
                          cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
-                         qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
+                         qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format,
+                         v_bias_correction=v_bias_correction)
 
 
 @dataclasses.dataclass

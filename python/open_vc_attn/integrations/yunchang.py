@@ -48,12 +48,14 @@ _counts = collections.Counter()     # (path, reason) -> calls (eager)
 _auto = _auto_format.AutoChoices()  # qk_format="auto": per processor (give each layer its own for per-layer choices)
 
 
-def _fast_attention(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast"):
-    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K and P formats (causal: self-attention,
-    Sq == Sk, where flash-attn's alignment is openvc's); tests swap it for a CPU stand-in."""
+def _fast_attention(q, k, v, scale, causal=False, qk_format="e4m3", k_smoothing=False, p_format="expcast",
+                    v_bias_correction=False):
+    """openvc's fast path, (out, lse [B, H, Sq]) in the policy's Q/K and P formats and V bias correction (causal:
+    self-attention, Sq == Sk, where flash-attn's alignment is openvc's); tests swap it for a CPU stand-in."""
     import open_vc_attn
     return open_vc_attn.attention(q, k, v, softmax_scale=scale, causal=causal, return_lse=True,
-                                  qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format)
+                                  qk_format=qk_format, k_smoothing=k_smoothing, p_format=p_format,
+                                  v_bias_correction=v_bias_correction)
 
 
 def _exact_fallback(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Thirtieth session, call A: the V rounding bias correction as a compile-time mode (kVBiasMode, INT8 Q/K modes) on an
-# H200. Carry: .carry/v30 (the branch's cp312 wheel and GPU test binary), .anchors (FA3 and SageAttention2 sources,
+# Thirtieth session, call A: the V rounding bias correction as a compile-time mode (kVBiasMode, INT8 Q/K modes) on the
+# device (an H100 came for the H200 asked). Carry: .carry/v30 (the branch's cp312 wheel and GPU test binary), .anchors (FA3 and SageAttention2 sources,
 # build.sh). The peers build in the background while the C++ and Python tests run; then the error table of issue 25's
 # seven inputs (bench.qk_tradeoff, exact FP64 reference) with SageAttention2, FA3 FP8 and cuDNN BF16 in the process.
 cd "$(dirname "$0")/../../.."
