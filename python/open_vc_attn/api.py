@@ -341,9 +341,9 @@ def attention(q, k, v, *, softmax_scale=None, causal=False, return_lse=False,
     the sequence's keys, the kernel adds their mean times V's descale). Exact where attention spreads evenly over
     the keys, it removes the part of V's rounding error that diffuse attention averages into a bias (on N(0,1)
     inputs, S = 4096, the CPU emulation of INT8 + K smoothing gives 3.81% rel L2 instead of 4.15%; sharp attention
-    is unchanged). qk_format="int8" (ExpCast or exp2 P) in every fast-path call form but key block lists; E4M3 Q/K,
-    a block_mask or a call the general path would take raise ValueError naming v_bias_correction. The BF16 reference
-    checks and ignores it.
+    is unchanged). qk_format="int8" (ExpCast or exp2 P) in every fast-path call form but key block lists; E4M3 Q/K or
+    a block_mask raise ValueError naming v_bias_correction (a call the general path would take is refused first,
+    naming qk_format: INT8 runs on the fast path only). The BF16 reference checks and ignores it.
     """
     version = _checks.version(version, mode)
     scale, mid = _checks.softmax_scale(softmax_scale), _checks.mid_window(mid_window_blocks)

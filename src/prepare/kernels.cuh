@@ -2,7 +2,8 @@
 // sequences (cu_seqlens) -> FP8 E4M3 (or INT8 Q/K) codes + descales. "Batch" b below is a sequence:
 // batch index, or packed sequence index.
 //   quantize_qk_kernel: Q and K, one CTA per (batch, head, 128-token block) of either tensor; it also
-//                       zeroes the V amax slot of its (batch, head), so no memset launch is needed.
+//                       zeroes the V amax slot of its (batch, head) and, with the V bias correction, its
+//                       residual sums and block count, so no memset launch is needed.
 //                       quantize_qk_int8_kernel is its INT8 twin (Q per row, K per key group). With K
 //                       smoothing both subtract the channel means of smoothing.cuh's kernels from K.
 //   v_amax_kernel:      V, one CTA per (batch, head, 128-token block): block max, then atomicMax on

@@ -137,6 +137,24 @@ def test_packed_rows_without_keys_stay_zero():
     assert torch.isfinite(out).all()
 
 
+def test_causal_rows_without_keys_stay_zero():
+    """Causal with more queries than keys (aligned to the end): rows 0..Sq-Sk-1 see no key and stay exactly 0 with the
+    correction, in the same tiles as rows that see keys and move by the bias."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(11)
+    sq, sk = 700, 300
+    q = randn(torch, g, 1, sq, 2, 128)
+    k = randn(torch, g, 1, sk, 2, 128)
+    v = (1.0 + 0.0123 * torch.arange(128, device="cuda") + 0.002 * torch.randn(1, sk, 2, 128, device="cuda",
+                                                                                generator=g)).to(torch.bfloat16)
+    for kw in (dict(), dict(p_format="exp2", k_smoothing=True)):
+        plain = ova.attention(q, k, v, causal=True, qk_format="int8", **kw).float()
+        fixed = ova.attention(q, k, v, causal=True, qk_format="int8", v_bias_correction=True, **kw).float()
+        assert torch.equal(fixed[:, :sq - sk], torch.zeros_like(fixed[:, :sq - sk])), kw
+        assert torch.isfinite(fixed).all()
+        assert (fixed[:, sq - sk:] - plain[:, sq - sk:]).abs().mean() > 0, kw   # the rows with keys moved
+
+
 def test_graph_replay_and_compile():
     import torch
     g = torch.Generator(device="cuda").manual_seed(9)

@@ -100,8 +100,8 @@ class DispatchPolicy:
     qk_format: str = "e4m3"
     k_smoothing: bool = False
     p_format: str = "expcast"
-    v_bias_correction: bool = False
     auto_tolerance: float = 0.05
+    v_bias_correction: bool = False   # last, so that positional arguments of earlier fields keep their place
 
     def __post_init__(self):
         _checks.k_smoothing(self.k_smoothing)

@@ -132,6 +132,7 @@ std::vector<float> reference_bias(const Case& c, const Device& dv) {
   for (int s = 0; s < c.nseq(); ++s) {
     const int64_t start = c.cu_k.empty() ? int64_t(s) * c.sk : c.cu_k[s];
     int64_t len = c.cu_k.empty() ? c.sk : c.cu_k[s + 1] - c.cu_k[s];
+    if (!c.cu_k.empty()) len = std::min<int64_t>(len, openvc::packed_seqlen_k(c.sk));   // max_seqlen_k's blocks
     if (!c.counts.empty()) len = std::min<int64_t>(len, std::max(c.counts[s], 0));
     for (int64_t t = start; t < start + len; ++t)
       for (int e = 0; e < c.hk * c.d; ++e) v.push_back(__bfloat162float(dv.hv[t * c.hk * c.d + e]));
@@ -187,6 +188,15 @@ std::vector<Case> cases() {
   Case e4m3;   // the preparation's bias does not depend on the Q/K format
   e4m3.fmt = openvc::QkFormat::kE4M3;
   out.push_back(e4m3);
+  Case tall;   // causal with more queries than keys: rows 0..399 see no key and must stay 0 in a tile that has keys
+  tall.sq = 700, tall.sk = 300, tall.causal = true, tall.exp2 = true;
+  out.push_back(tall);
+  Case counted;   // causal with key counts: the second entry's first 263 rows see none of its 37 keys
+  counted.causal = true, counted.counts = {650, 37};
+  out.push_back(counted);
+  Case cut;   // a packed sequence longer than max_seqlen_k (200): attention and the bias take its first 256 keys
+  cut.cu_k = {0, 300, 400}, cut.sk = 200;
+  out.push_back(cut);
   return out;
 }
 
@@ -215,6 +225,9 @@ TEST(Sm90VBias, OutputIsTheCallWithoutItPlusTheMeanResidual) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(++n);
     if (c.fmt != openvc::QkFormat::kInt8) continue;   // refused below (Sm90VBiasArgs)
+    bool cut = false;   // rows past max_seqlen_q are not attended (left as poisoned), so that case checks its bias only
+    for (size_t s = 0; s + 1 < c.cu_k.size(); ++s) cut |= c.cu_k[s + 1] - c.cu_k[s] > c.sk;
+    if (cut) continue;
     Device dv(c, 200 + n);
     std::vector<float> descale, vbias;
     prepare_v(c, dv, &descale, &vbias);
