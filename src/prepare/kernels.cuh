@@ -102,8 +102,16 @@ __device__ __forceinline__ void write_q_dot_k_mean(const QkArgs& args, const Seq
   }
 }
 
+// What the Q/K grid zeroes for the kernels after it, so that no memset launch is needed: the V amax slot and (with
+// the V bias correction) the residual sums and block count of the CTA's (batch, head), by its first block; and
 // QkArgs::zero_words, by the first CTA.
-__device__ __forceinline__ void zero_words(const QkArgs& args) {
+template <int D>
+__device__ __forceinline__ void zero_slots(const QkArgs& args, const CtaCoord& c) {
+  if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
+  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D) {
+    args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) args.v_arrivals[c.b * args.heads + c.h] = 0u;
+  }
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     for (int i = threadIdx.x; i < args.zero_count; i += blockDim.x) args.zero_words[i] = 0;
 }
@@ -125,12 +133,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int token0 = blk * kBlockTokens;
   const bool cache_k = kCache && which == 1;   // a CTA-uniform branch of the kCache kernels
   allow_dependent_launch();   // v_amax_kernel may start (it waits for this grid before its atomics)
-  if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D) {
-    args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
-    if (threadIdx.x == 0) args.v_arrivals[c.b * args.heads + c.h] = 0u;
-  }
-  zero_words(args);
+  zero_slots<D>(args, c);
   const int descale_blocks = cache_k ? args.cache.k_blocks : s.nblocks;
   float* descale = s.descale + (static_cast<int64_t>(c.b) * args.heads + c.h) * descale_blocks + blk;
   const SeqSpan span = seq_span(s.in, c.b);
@@ -266,12 +269,7 @@ __global__ void __launch_bounds__(Tile<D>::kThreads, Tile<D>::kMinCtas)
   const int blk = c.blk - (which ? args.side[0].nblocks : 0);
   const int token0 = blk * kBlockTokens;
   allow_dependent_launch();   // as in quantize_qk_kernel
-  if (c.blk == 0 && threadIdx.x == 0) args.v_amax[c.b * args.heads + c.h] = 0u;
-  if (args.v_residual_sums != nullptr && c.blk == 0 && threadIdx.x < D) {
-    args.v_residual_sums[(int64_t(c.b) * args.heads + c.h) * D + threadIdx.x] = 0ull;
-    if (threadIdx.x == 0) args.v_arrivals[c.b * args.heads + c.h] = 0u;
-  }
-  zero_words(args);
+  zero_slots<D>(args, c);
   const SeqSpan span = seq_span(s.in, c.b);
   const int t = threadIdx.x / kC;
   const int sub = threadIdx.x % kC;
