@@ -120,6 +120,17 @@ def p_format_support(ova) -> str:
     return None
 
 
+def v_bias_support(ova) -> str:
+    """None when open_vc_attn.attention takes v_bias_correction, else why not (a build before the correction)."""
+    try:
+        params = inspect.signature(ova.attention).parameters
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"open_vc_attn.attention: signature not readable ({exc})"
+    if "v_bias_correction" not in params:
+        return "open_vc_attn.attention takes no v_bias_correction (not in this build)"
+    return None
+
+
 def _without_pdl(fn):
     """fn with the library's programmatic launches off (include/openvc/launch.h), the launch form before them,
     for a paired comparison in one process; None where the extension has no such setting."""
@@ -281,8 +292,9 @@ def _qk_entries(torch, ova, b, s, h, d=128, causal=False, seed=0):
         if p_why is not None and any(a in kw for a in ATTENTION_ONLY):
             skipped[f"openvc-{label}"] = p_why
             continue
-        if any(a in kw and a not in inspect.signature(ova.attention).parameters for a in CALL_ONLY):
-            skipped[f"openvc-{label}"] = "open_vc_attn.attention takes no v_bias_correction (not in this build)"
+        v_why = v_bias_support(ova) if "v_bias_correction" in kw else None
+        if v_why is not None:
+            skipped[f"openvc-{label}"] = v_why
             continue
         prep_kw = {a: x for a, x in kw.items() if a not in ATTENTION_ONLY + CALL_ONLY}
         attn_kw = {a: x for a, x in kw.items() if a in ATTENTION_ONLY}

@@ -102,15 +102,16 @@ def method_status(name, ova=None) -> tuple:
             bk.openvc_runtime()
             if ova is None:
                 import open_vc_attn as ova
-            from .modes import p_format_support, qk_format_support
+            from .modes import p_format_support, qk_format_support, v_bias_support
             why = qk_format_support(ova)
             if why is not None and kw != {"qk_format": "e4m3"}:
                 raise bk.Missing(why)
             why = p_format_support(ova) if "p_format" in kw else None
             if why is not None:
                 raise bk.Missing(why)
-            if kw.get("v_bias_correction") and "v_bias_correction" not in ova.attention.__code__.co_varnames:
-                raise bk.Missing("this open_vc_attn has no v_bias_correction")
+            why = v_bias_support(ova) if kw.get("v_bias_correction") else None
+            if why is not None:
+                raise bk.Missing(why)
         elif family == "sage2":
             bk.sage2_function()
         elif family == "fa3-fp8":

@@ -136,9 +136,8 @@ class DispatchPolicy:
         defaults), else "qk_format=int8", "qk_format=int8, k_smoothing", "qk_format=e4m3, k_smoothing", with
         ", p_format=exp2" appended when p_format is not the default and ", v_bias_correction" when it is on;
         "qk_format=auto" for an auto policy (the integrations replace it with the module's choice)."""
-        if (self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast"
-                and not self.v_bias_correction):
-            return ""
+        if self.qk_format == "e4m3" and not self.k_smoothing and self.p_format == "expcast":
+            return ""   # v_bias_correction is int8-only (__post_init__)
         if self.qk_format == AUTO:
             return "qk_format=auto"
         return (f"qk_format={self.qk_format}" + (", k_smoothing" if self.k_smoothing else "")
